@@ -1,0 +1,3 @@
+from pagedq.cli import main
+
+raise SystemExit(main())

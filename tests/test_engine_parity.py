@@ -1,0 +1,94 @@
+"""The engine's greedy output equals transformers' on the same weights, however it is batched."""
+
+import random
+from pathlib import Path
+
+import pytest
+
+from tests.reference import HFReference, assert_pool_empty, chosen_logprobs
+from tests.tiny_models import CORPUS
+from worker.engine import LLM, SamplingParams
+
+MAX_NEW = 24
+
+
+def prompts(count: int, seed: int = 0) -> list[str]:
+    rng = random.Random(seed)
+    text = " ".join(CORPUS[:5])
+    return [text[(s := rng.randrange(len(text) // 2)) : s + rng.randrange(5, 200)] for _ in range(count)]
+
+
+def greedy(logprobs: int | None = 0) -> SamplingParams:
+    return SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True, logprobs=logprobs)
+
+
+@pytest.mark.parametrize("model", ["tiny_llama", "tiny_qwen2"])
+def test_greedy_matches_transformers(model: str, request: pytest.FixtureRequest) -> None:
+    path: Path = request.getfixturevalue(model)
+    llm = LLM(str(path), kv_cache_bytes=8 << 20)
+    reference = HFReference(path)
+    texts = prompts(8)
+    outputs = llm.generate(texts, greedy())
+    for text, out in zip(texts, outputs, strict=True):
+        ids = llm.tokenizer.encode(text)
+        want_tokens, want_logprobs = reference.greedy(ids, MAX_NEW, stop_at_eos=False)
+        got = out.outputs[0]
+        assert got.token_ids == want_tokens
+        assert chosen_logprobs(got) == pytest.approx(want_logprobs, abs=1e-4)
+        assert got.text == llm.tokenizer.decode(want_tokens, skip_special_tokens=True)
+        assert got.finish_reason == "length"
+    assert_pool_empty(llm)
+
+
+@pytest.fixture(scope="module")
+def expected(tiny_llama: Path) -> dict[str, list[int]]:
+    reference, llm = HFReference(tiny_llama), LLM(str(tiny_llama), kv_cache_bytes=8 << 20)
+    return {
+        t: reference.greedy(llm.tokenizer.encode(t), MAX_NEW, stop_at_eos=False)[0] for t in prompts(32, 1)
+    }
+
+
+PREEMPTING_POOL = 24 * 16 * 512  # 24 blocks of 16 tokens at 512 bytes/token: a few requests at a time
+
+
+@pytest.mark.parametrize(
+    ("engine_args", "expect_preemption"),
+    [
+        pytest.param({"enable_prefix_caching": True}, False, id="prefix-caching-on"),
+        pytest.param({"enable_prefix_caching": False}, False, id="prefix-caching-off"),
+        pytest.param({"max_num_batched_tokens": 19}, False, id="chunked-prefill"),
+        pytest.param({"kv_cache_bytes": PREEMPTING_POOL}, True, id="preemption"),
+        pytest.param({"max_num_seqs": 3, "block_size": 32}, False, id="few-seats"),
+    ],
+)
+def test_batching_modes_give_the_same_tokens(
+    tiny_llama: Path, expected: dict[str, list[int]], engine_args: dict, expect_preemption: bool
+) -> None:
+    llm = LLM(str(tiny_llama), **{"kv_cache_bytes": 8 << 20, **engine_args})
+    texts = list(expected)
+    shared_prefix = [texts[0] + t for t in texts[:4]]  # exercises the prefix cache
+    outputs = llm.generate(texts + shared_prefix, greedy(None))
+    for text, out in zip(texts, outputs, strict=False):
+        assert out.outputs[0].token_ids == expected[text], text
+    assert (llm.engine.scheduler.num_preemptions > 0) == expect_preemption
+    assert_pool_empty(llm)
+
+
+def test_alone_equals_inside_a_batch_of_32(tiny_llama: Path, expected: dict[str, list[int]]) -> None:
+    llm = LLM(str(tiny_llama), kv_cache_bytes=8 << 20)
+    texts = list(expected)
+    alone = llm.generate(texts[5], greedy(0))[0].outputs[0]
+    batched = llm.generate(texts, greedy(0))[5].outputs[0]
+    assert alone.token_ids == batched.token_ids == expected[texts[5]]
+    assert chosen_logprobs(alone) == pytest.approx(chosen_logprobs(batched), abs=1e-5)
+    assert_pool_empty(llm)
+
+
+def test_prefix_cache_serves_a_repeated_prompt(tiny_llama: Path) -> None:
+    llm = LLM(str(tiny_llama), kv_cache_bytes=8 << 20, block_size=16)
+    text = prompts(1, 3)[0] * 3
+    first = llm.generate(text, greedy(None))[0]
+    second = llm.generate(text, greedy(None))[0]
+    assert first.num_cached_tokens == 0
+    assert second.num_cached_tokens == (len(first.prompt_token_ids) - 1) // 16 * 16 > 0
+    assert second.outputs[0].token_ids == first.outputs[0].token_ids

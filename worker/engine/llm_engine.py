@@ -1,0 +1,290 @@
+"""The step-level engine: add requests, run one scheduling step at a time, hand out what is new."""
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+import torch
+from transformers import AutoTokenizer, GenerationConfig, PreTrainedTokenizerBase
+
+from worker.engine.block_manager import BlockManager
+from worker.engine.config import EngineConfig
+from worker.engine.default_model import resolve_model
+from worker.engine.detokenizer import IncrementalDetokenizer
+from worker.engine.model.model_config import ModelConfig
+from worker.engine.model_runner import ModelRunner
+from worker.engine.outputs import CompletionOutput, RequestOutput
+from worker.engine.sampler import Sampler, SamplingRow
+from worker.engine.sampling_params import SamplingParams
+from worker.engine.scheduler import ScheduledBatch, Scheduler
+from worker.engine.sequence import Request, Sequence, SequenceStatus
+
+logger = logging.getLogger("pagedq.engine")
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    num_running: int
+    num_waiting: int
+    kv_cache_usage: float  # fraction of blocks in use
+    num_preemptions: int
+    num_generated_tokens: int  # since the engine started
+
+
+@dataclass
+class LLMEngine:
+    config: EngineConfig
+    requests: dict[str, Request] = field(default_factory=dict)
+    finished_outside_step: list[RequestOutput] = field(default_factory=list)  # aborts
+    num_generated_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        path = resolve_model(self.config.model)
+        self.model_config = ModelConfig.from_pretrained(path)
+        self.max_model_len = min(
+            self.config.max_model_len or self.model_config.max_model_len, self.model_config.max_model_len
+        )
+        self.tokenizer: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(path)
+        self.eos_token_ids = self._eos_token_ids(path)
+        self.runner = ModelRunner(self.config, self.model_config, self.max_model_len)
+        self.block_manager = BlockManager(
+            self.runner.num_blocks, self.config.block_size, self.config.enable_prefix_caching
+        )
+        self.scheduler = Scheduler(self.config, self.block_manager)
+        self.sampler = Sampler()
+        logger.info(
+            "engine ready: %s on %s (%s), max_model_len %d",
+            path,
+            self.runner.device,
+            self.runner.dtype,
+            self.max_model_len,
+        )
+
+    def _eos_token_ids(self, path: object) -> list[int]:
+        ids = set(self.model_config.eos_token_ids)
+        try:
+            eos = GenerationConfig.from_pretrained(path).eos_token_id
+        except OSError:
+            eos = None
+        ids.update([eos] if isinstance(eos, int) else eos or [])
+        return sorted(ids)
+
+    # --- requests in ---
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: SamplingParams | None = None,
+        priority: int = 0,
+    ) -> None:
+        """Queue a request. Raises ValueError at once when it can never be served."""
+        params = params or SamplingParams()
+        if request_id in self.requests:
+            raise ValueError(f"request {request_id!r} already exists")
+        token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        self._check_fits(request_id, token_ids, params)
+        request = Request(
+            request_id, prompt if isinstance(prompt, str) else None, token_ids, params, priority
+        )
+        request.sequences.append(self._new_sequence(request, 0))
+        self.requests[request_id] = request
+        self.scheduler.add(request.sequences[0])
+
+    def _check_fits(self, request_id: str, token_ids: list[int], params: SamplingParams) -> None:
+        if not token_ids:
+            raise ValueError(f"request {request_id!r}: the prompt is empty")
+        if max(token_ids) >= self.model_config.vocab_size or min(token_ids) < 0:
+            raise ValueError(
+                f"request {request_id!r}: token ids must be in [0, {self.model_config.vocab_size})"
+            )
+        total = len(token_ids) + params.max_tokens
+        if total > self.max_model_len:
+            raise ValueError(
+                f"request {request_id!r}: prompt ({len(token_ids)} tokens) + "
+                f"max_tokens ({params.max_tokens}) "
+                f"= {total} exceeds the model's context of {self.max_model_len} tokens"
+            )
+        if self.block_manager.blocks_needed(total) > self.block_manager.num_blocks:
+            raise ValueError(
+                f"request {request_id!r}: needs {total} tokens of KV cache but the whole pool holds "
+                f"{self.block_manager.num_blocks * self.config.block_size}"
+            )
+
+    def _new_sequence(self, request: Request, index: int, token_ids: list[int] | None = None) -> Sequence:
+        seq = Sequence(request, index, list(token_ids or request.prompt_token_ids))
+        seed = request.params.seed
+        if seed is not None:
+            seed = seed if index == 0 else hash((seed, index)) & (2**63 - 1)
+            seq.generator = torch.Generator(device=self.runner.device).manual_seed(seed)
+        seq.detokenizer = IncrementalDetokenizer(
+            self.tokenizer.backend_tokenizer, request.prompt_token_ids, request.params
+        )
+        return seq
+
+    def abort(self, request_id: str) -> bool:
+        """Stop a request now and free its KV blocks; its final output comes from the next step()."""
+        request = self.requests.pop(request_id, None)
+        if request is None:
+            return False
+        for seq in request.sequences:
+            if not seq.is_finished:
+                self._finish(seq, "abort")
+        request.forked = True
+        self.finished_outside_step.append(self._output(request, request.sequences))
+        return True
+
+    # --- one step ---
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests or self.finished_outside_step)
+
+    def step(self) -> list[RequestOutput]:
+        outputs, self.finished_outside_step = self.finished_outside_step, []
+        batch = self.scheduler.schedule()
+        if batch.is_empty:
+            return outputs
+        now = time.monotonic()
+        for seq in batch.sequences:
+            if seq.request.metrics.first_scheduled_time is None:
+                seq.request.metrics.first_scheduled_time = now
+        logits = self.runner.execute(batch)
+        due = self._advance(batch)
+        rows = self._fork_new_samples(due)
+        if len(rows) != len(due):
+            logits = logits[torch.tensor([row for row, _ in rows], device=logits.device)]
+        sampled = self.sampler(logits, [self._sampling_row(seq) for _, seq in rows])
+        now = time.monotonic()
+        for i, (_, seq) in enumerate(rows):
+            self._append_token(seq, sampled.token_ids[i], sampled.logprobs[i], sampled.top_logprobs[i], now)
+        return outputs + self._collect_outputs([seq for _, seq in rows])
+
+    def _advance(self, batch: ScheduledBatch) -> list[Sequence]:
+        """Count the computed tokens and cache full blocks; returns the sequences due a new token."""
+        due = []
+        for seq, num_new in zip(batch.sequences, batch.num_new_tokens, strict=True):
+            before = seq.num_computed_tokens
+            seq.num_computed_tokens += num_new
+            self.block_manager.register_full_blocks(seq, before)
+            if seq.num_computed_tokens == seq.num_tokens:
+                due.append(seq)
+        return due
+
+    def _fork_new_samples(self, due: list[Sequence]) -> list[tuple[int, Sequence]]:
+        """Split a request's n samples off its first sequence once its prompt is computed.
+
+        Returns (logits row, sequence) pairs: the samples of one request share the prompt's row.
+        """
+        rows = []
+        for row, seq in enumerate(due):
+            rows.append((row, seq))
+            request = seq.request
+            if request.forked:
+                continue
+            request.forked = True
+            for index in range(1, request.params.n):
+                child = self._new_sequence(request, index, seq.token_ids)
+                self.block_manager.fork(seq, child)
+                child.status = SequenceStatus.RUNNING
+                self.scheduler.running.append(child)
+                request.sequences.append(child)
+                rows.append((row, child))
+        return rows
+
+    def _sampling_row(self, seq: Sequence) -> SamplingRow:
+        request = seq.request
+        return SamplingRow(
+            request.params, seq.generator, request.prompt_token_ids, seq.output_token_ids, self.eos_token_ids
+        )
+
+    def _append_token(self, seq: Sequence, token: int, logprob: float, top: dict | None, now: float) -> None:
+        seq.token_ids.append(token)
+        seq.cumulative_logprob += logprob
+        if top is not None:
+            seq.logprobs.append(top)
+        metrics = seq.request.metrics
+        if metrics.first_token_time is None:
+            metrics.first_token_time = now
+        if seq.index == 0:
+            metrics.token_times.append(now)
+        self.num_generated_tokens += 1
+        reason = self._stop_reason(seq, token)
+        if reason is not None:
+            self._finish(seq, *reason)
+
+    def _stop_reason(self, seq: Sequence, token: int) -> tuple[str, str | int | None] | None:
+        params = seq.request.params
+        if token in params.stop_token_ids:
+            return "stop", token
+        if token in self.eos_token_ids and not params.ignore_eos:
+            return "stop", None
+        stop = seq.detokenizer.add_token(token)
+        if stop is not None:
+            return "stop", stop
+        if len(seq.output_token_ids) >= params.max_tokens or seq.num_tokens >= self.max_model_len:
+            return "length", None
+        return None
+
+    def _finish(self, seq: Sequence, reason: str, stop_reason: str | int | None = None) -> None:
+        if not isinstance(stop_reason, str):
+            seq.detokenizer.flush()
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason, seq.stop_reason = reason, stop_reason
+        self.scheduler.remove(seq)
+
+    # --- outputs ---
+
+    def _collect_outputs(self, sampled: list[Sequence]) -> list[RequestOutput]:
+        by_request: dict[str, list[Sequence]] = {}
+        for seq in sampled:
+            by_request.setdefault(seq.request.request_id, []).append(seq)
+        outputs = []
+        for request_id, seqs in by_request.items():
+            request = self.requests[request_id]
+            outputs.append(self._output(request, seqs))
+            if request.is_finished:
+                del self.requests[request_id]
+        return outputs
+
+    def _output(self, request: Request, seqs: list[Sequence]) -> RequestOutput:
+        if request.is_finished and request.metrics.finished_time is None:
+            request.metrics.finished_time = time.monotonic()
+        return RequestOutput(
+            request_id=request.request_id,
+            prompt=request.prompt,
+            prompt_token_ids=request.prompt_token_ids,
+            outputs=[self._delta(seq) for seq in sorted(seqs, key=lambda s: s.index)],
+            finished=request.is_finished,
+            metrics=request.metrics,
+            num_cached_tokens=request.num_cached_tokens,
+        )
+
+    def _delta(self, seq: Sequence) -> CompletionOutput:
+        """What ``seq`` produced since it was last reported."""
+        output_ids = seq.output_token_ids
+        new_ids = output_ids[seq.num_emitted_tokens :]
+        seq.num_emitted_tokens = len(output_ids)
+        new_logprobs = None
+        if seq.request.params.logprobs is not None:
+            new_logprobs = seq.logprobs[seq.num_emitted_logprobs :]
+            seq.num_emitted_logprobs = len(seq.logprobs)
+        return CompletionOutput(
+            index=seq.index,
+            text=seq.detokenizer.take_new_text(seq.is_finished),
+            token_ids=new_ids,
+            cumulative_logprob=seq.cumulative_logprob,
+            logprobs=new_logprobs,
+            finish_reason=seq.finish_reason,
+            stop_reason=seq.stop_reason,
+        )
+
+    # --- observability ---
+
+    def stats(self) -> EngineStats:
+        return EngineStats(
+            num_running=len(self.scheduler.running),
+            num_waiting=len(self.scheduler.waiting),
+            kv_cache_usage=self.block_manager.usage,
+            num_preemptions=self.scheduler.num_preemptions,
+            num_generated_tokens=self.num_generated_tokens,
+        )

@@ -1,0 +1,1 @@
+"""The Llama-family model: its config, layers, forward pass and weight loading."""

@@ -1,0 +1,191 @@
+"""Turns a scheduled batch into tensors, runs the model over the paged KV cache, returns logits."""
+
+import logging
+import os
+from dataclasses import dataclass
+
+import torch
+
+from kernels import AttentionMetadata, copy_blocks
+from worker.engine.config import EngineConfig
+from worker.engine.model.llama import LlamaForCausalLM
+from worker.engine.model.loader import load_model
+from worker.engine.model.model_config import ModelConfig
+from worker.engine.scheduler import ScheduledBatch
+
+logger = logging.getLogger("pagedq.engine")
+
+DEFAULT_CPU_KV_BYTES = 4 << 30
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, model_config: ModelConfig, device: torch.device) -> torch.dtype:
+    if name != "auto":
+        return DTYPES[name]
+    if device.type == "cpu":
+        return torch.float32  # CPUs without bf16 matmul units run float32 fastest
+    native = model_config.torch_dtype
+    return native if native in (torch.float16, torch.bfloat16) else torch.bfloat16
+
+
+@dataclass
+class StepInputs:
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    meta: AttentionMetadata
+    logits_indices: torch.Tensor  # rows of the flattened batch whose next token is sampled
+
+
+class ModelRunner:
+    def __init__(self, config: EngineConfig, model_config: ModelConfig, max_model_len: int) -> None:
+        self.config = config
+        self.device = resolve_device(config.device)
+        self.dtype = resolve_dtype(config.dtype, model_config, self.device)
+        self.block_size = config.block_size
+        self.model: LlamaForCausalLM = load_model(
+            model_config, max_model_len, self.dtype, self.device, config.load_format
+        )
+        self.num_blocks = self._num_kv_blocks(model_config)
+        self.kv_caches = self._allocate_kv_cache(model_config)
+
+    # --- KV cache ---
+
+    def _num_kv_blocks(self, model_config: ModelConfig) -> int:
+        block_bytes = model_config.kv_bytes_per_token(self.dtype) * self.block_size
+        budget = self.config.kv_cache_bytes or self._default_kv_budget()
+        num_blocks = int(budget // block_bytes)
+        if num_blocks < 1:
+            raise ValueError(
+                f"KV cache budget of {budget} bytes holds no {self.block_size}-token block "
+                f"({block_bytes} bytes each); raise kv_cache_bytes or gpu_memory_utilization"
+            )
+        logger.info(
+            "KV cache: %d blocks of %d tokens (%.2f GiB)",
+            num_blocks,
+            self.block_size,
+            num_blocks * block_bytes / 2**30,
+        )
+        return num_blocks
+
+    def _default_kv_budget(self) -> int:
+        if self.device.type == "cuda":
+            return self._profile_free_cuda_memory()
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        return min(DEFAULT_CPU_KV_BYTES, ram // 5)
+
+    @torch.inference_mode()
+    def _profile_free_cuda_memory(self) -> int:
+        """Memory left for KV blocks after weights and the peak activations of a full-budget step.
+
+        Profiles one prefill of ``max_num_batched_tokens`` tokens into a throwaway cache.
+        """
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(self.device)
+        num_tokens, bs = self.config.max_num_batched_tokens, self.block_size
+        num_blocks = -(-num_tokens // bs)
+        cfg = self.model.config
+        cache = torch.zeros(
+            2,
+            cfg.num_layers,
+            num_blocks,
+            bs,
+            cfg.num_kv_heads,
+            cfg.head_dim,
+            dtype=self.dtype,
+            device=self.device,
+        )
+        meta = AttentionMetadata(
+            slot_mapping=torch.arange(num_tokens, device=self.device),
+            block_tables=torch.arange(num_blocks, dtype=torch.int32, device=self.device)[None],
+            query_start_loc=torch.tensor([0, num_tokens], device=self.device),
+            seq_lens=torch.tensor([num_tokens], device=self.device),
+            query_lens_cpu=[num_tokens],
+            seq_lens_cpu=[num_tokens],
+            block_size=bs,
+        )
+        tokens = torch.zeros(num_tokens, dtype=torch.long, device=self.device)
+        hidden = self.model(
+            tokens,
+            torch.arange(num_tokens, device=self.device),
+            [(cache[0, i], cache[1, i]) for i in range(cfg.num_layers)],
+            meta,
+        )
+        self.model.compute_logits(hidden[: min(num_tokens, self.config.max_num_seqs)])
+        torch.cuda.synchronize(self.device)
+        peak = torch.cuda.max_memory_allocated(self.device) - cache.numel() * cache.element_size()
+        del cache, hidden
+        torch.cuda.empty_cache()
+        total = torch.cuda.get_device_properties(self.device).total_memory
+        return int(total * self.config.gpu_memory_utilization - peak)
+
+    def _allocate_kv_cache(self, model_config: ModelConfig) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        shape = (
+            2,
+            model_config.num_layers,
+            self.num_blocks,
+            self.block_size,
+            model_config.num_kv_heads,
+            model_config.head_dim,
+        )
+        pool = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        return [(pool[0, i], pool[1, i]) for i in range(model_config.num_layers)]
+
+    # --- one step ---
+
+    def prepare(self, batch: ScheduledBatch) -> StepInputs:
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        seq_lens: list[int] = []
+        logits_indices: list[int] = []
+        bs = self.block_size
+        for seq, num_new in zip(batch.sequences, batch.num_new_tokens, strict=True):
+            start, end = seq.num_computed_tokens, seq.num_computed_tokens + num_new
+            input_ids += seq.token_ids[start:end]
+            positions += range(start, end)
+            table = seq.block_table
+            slots += [table[p // bs] * bs + p % bs for p in range(start, end)]
+            seq_lens.append(end)
+            if end == seq.num_tokens:
+                logits_indices.append(len(input_ids) - 1)
+        max_blocks = max(len(seq.block_table) for seq in batch.sequences)
+        tables = [seq.block_table + [0] * (max_blocks - len(seq.block_table)) for seq in batch.sequences]
+        query_start_loc = [0]
+        for n in batch.num_new_tokens:
+            query_start_loc.append(query_start_loc[-1] + n)
+        meta = AttentionMetadata(
+            slot_mapping=self._tensor(slots),
+            block_tables=self._tensor(tables, torch.int32),
+            query_start_loc=self._tensor(query_start_loc),
+            seq_lens=self._tensor(seq_lens),
+            query_lens_cpu=list(batch.num_new_tokens),
+            seq_lens_cpu=seq_lens,
+            block_size=bs,
+        )
+        return StepInputs(
+            self._tensor(input_ids), self._tensor(positions), meta, self._tensor(logits_indices)
+        )
+
+    def _tensor(self, values: list, dtype: torch.dtype = torch.long) -> torch.Tensor:
+        return torch.tensor(values, dtype=dtype, pin_memory=self.device.type == "cuda").to(
+            self.device, non_blocking=True
+        )
+
+    @torch.inference_mode()
+    def execute(self, batch: ScheduledBatch) -> torch.Tensor:
+        """Logits ``[num_sampled, vocab]`` (float32) for the sequences whose next token is due."""
+        if batch.blocks_to_copy:
+            k_caches = [k for k, _ in self.kv_caches]
+            v_caches = [v for _, v in self.kv_caches]
+            pairs = self._tensor([list(p) for p in batch.blocks_to_copy])
+            for k_cache, v_cache in zip(k_caches, v_caches, strict=True):
+                copy_blocks(k_cache, v_cache, pairs)
+        inputs = self.prepare(batch)
+        hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
+        return self.model.compute_logits(hidden[inputs.logits_indices])

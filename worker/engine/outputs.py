@@ -1,0 +1,67 @@
+"""What the engine hands back: per-request outputs, their samples and timings."""
+
+from dataclasses import dataclass, field
+
+# One generated position's log-probabilities: token id -> logprob (the sampled token and the top-k).
+TokenLogprobs = dict[int, float]
+
+
+@dataclass
+class CompletionOutput:
+    """One sample of a request. From ``LLMEngine.step`` it holds only what is new since the last step."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    cumulative_logprob: float | None = None
+    logprobs: list[TokenLogprobs] | None = None
+    finish_reason: str | None = None  # stop | length | abort
+    stop_reason: str | int | None = None  # the stop string or stop token that ended it
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def extend(self, delta: "CompletionOutput") -> None:
+        self.text += delta.text
+        self.token_ids.extend(delta.token_ids)
+        if delta.logprobs is not None:
+            self.logprobs = (self.logprobs or []) + delta.logprobs
+        self.cumulative_logprob = delta.cumulative_logprob
+        self.finish_reason = delta.finish_reason
+        self.stop_reason = delta.stop_reason
+
+
+@dataclass
+class RequestMetrics:
+    """Monotonic timestamps (``time.monotonic()``, seconds) of one request's life."""
+
+    arrival_time: float
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    finished_time: float | None = None
+    token_times: list[float] = field(default_factory=list)  # one per generated token (first sample)
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool
+    metrics: RequestMetrics
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
+
+    def extend(self, delta: "RequestOutput") -> None:
+        """Fold an incremental output from ``LLMEngine.step`` into this accumulated one."""
+        by_index = {o.index: o for o in self.outputs}
+        for d in delta.outputs:
+            if d.index in by_index:
+                by_index[d.index].extend(d)
+            else:
+                self.outputs.append(d)
+        self.outputs.sort(key=lambda o: o.index)
+        self.finished = delta.finished
+        self.metrics = delta.metrics
+        self.num_cached_tokens = delta.num_cached_tokens

@@ -1,0 +1,212 @@
+"""The batched sampler: one call per engine step turns the last-position logits into next tokens.
+
+Every stage works on the whole batch at once with per-row parameter tensors, and a stage no row needs is
+skipped. The only host synchronisation is the final ``.tolist()`` that brings back tokens and logprobs.
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from itertools import chain
+
+import torch
+
+from worker.engine.outputs import TokenLogprobs
+from worker.engine.sampling_params import SamplingParams
+
+_MIN_TEMPERATURE = 1e-5  # keeps logits / temperature finite for tiny non-zero temperatures
+_TINY = torch.finfo(torch.float32).tiny
+
+
+@dataclass
+class SamplingRow:
+    """One row of the logits: the sequence to sample a token for."""
+
+    params: SamplingParams
+    generator: torch.Generator | None  # the sequence's own generator, when params.seed is set
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    eos_token_ids: list[int]
+
+
+@dataclass
+class SamplerOutput:
+    token_ids: list[int]
+    logprobs: list[float]  # of each sampled token, under the raw model distribution
+    top_logprobs: list[TokenLogprobs | None]  # sampled token plus the top params.logprobs tokens, or None
+
+
+def _to_device(data: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A host list as a device tensor, copied without making the host wait for the GPU."""
+    t = torch.tensor(data, dtype=dtype)
+    return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t
+
+
+def _flat_index(lists: Sequence[list[int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(row, token) index pairs for ragged per-row token lists, so no padding is needed."""
+    rows = list(chain.from_iterable([i] * len(t) for i, t in enumerate(lists)))
+    pairs = _to_device([rows, list(chain.from_iterable(lists))], torch.long, device)
+    return pairs[0], pairs[1]
+
+
+def apply_penalties(logits: torch.Tensor, rows: list[SamplingRow]) -> None:
+    """Repetition (HF), presence and frequency (OpenAI) penalties, in place on float32 ``logits``."""
+    idx = [i for i, r in enumerate(rows) if r.params.needs_penalties]
+    if not idx:
+        return
+    dev = logits.device
+    sub_rows = [rows[i] for i in idx]
+    whole = len(idx) == len(rows)
+    idx_t = _to_device(idx, torch.long, dev)
+    x = logits if whole else logits[idx_t]
+    pen = _to_device(
+        [
+            [r.params.repetition_penalty, r.params.presence_penalty, r.params.frequency_penalty]
+            for r in sub_rows
+        ],
+        torch.float32,
+        dev,
+    )
+    if any(r.params.repetition_penalty != 1.0 for r in sub_rows):
+        seen = torch.zeros_like(x, dtype=torch.bool)
+        seen[_flat_index([r.prompt_token_ids + r.output_token_ids for r in sub_rows], dev)] = True
+        rep = pen[:, :1]
+        x = torch.where(seen, torch.where(x > 0, x / rep, x * rep), x)
+    if any(r.params.presence_penalty != 0.0 or r.params.frequency_penalty != 0.0 for r in sub_rows):
+        counts = torch.zeros(x.shape, device=dev)
+        r_t, t_t = _flat_index([r.output_token_ids for r in sub_rows], dev)
+        counts.view(-1).index_add_(0, r_t * x.shape[1] + t_t, torch.ones_like(t_t, dtype=counts.dtype))
+        x = x - (pen[:, 1:2] * (counts > 0) + pen[:, 2:3] * counts)
+    if whole:
+        logits.copy_(x)
+    else:
+        logits[idx_t] = x
+
+
+def apply_min_tokens(logits: torch.Tensor, rows: list[SamplingRow]) -> None:
+    """While a row is below min_tokens, forbid its stop token ids and (unless ignore_eos) its EOS ids."""
+    vocab = logits.shape[1]
+    banned: list[list[int]] = []
+    for r in rows:
+        ids: list[int] = []
+        if len(r.output_token_ids) < r.params.min_tokens:
+            ids = r.params.stop_token_ids + ([] if r.params.ignore_eos else r.eos_token_ids)
+        banned.append([t for t in ids if 0 <= t < vocab])
+    if any(banned):
+        logits[_flat_index(banned, logits.device)] = float("-inf")
+
+
+def _kth_mask(x: torch.Tensor, desc: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """Mask of values below each row's k-th largest (``desc``: values sorted descending; k=0 keeps all)."""
+    kth = desc.gather(1, (k.clamp(1, desc.shape[1]) - 1).unsqueeze(1))
+    return (x < kth) & (k > 0).unsqueeze(1)
+
+
+def _top_k_top_p(x: torch.Tensor, k: torch.Tensor, p: torch.Tensor, max_k: int, use_p: bool) -> torch.Tensor:
+    """Keep each row's top_k tokens (ties at the k-th kept), then its smallest nucleus of mass >= top_p."""
+    if not use_p:
+        # top_k only: a partial top-k is much cheaper than sorting the whole vocabulary
+        return x.masked_fill(_kth_mask(x, x.topk(max_k, dim=-1).values, k), float("-inf"))
+    desc, order = x.sort(dim=-1, descending=True)
+    if max_k:
+        desc = desc.masked_fill(_kth_mask(desc, desc, k), float("-inf"))
+    probs = desc.softmax(dim=-1)
+    before = probs.cumsum(dim=-1) - probs  # mass of the strictly more likely tokens
+    desc = desc.masked_fill(before >= p.unsqueeze(1), float("-inf"))
+    return torch.empty_like(x).scatter_(1, order, desc)
+
+
+def _sample(x: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+    """Temperature, top_k, top_p, min_p, then one draw per row; ``x`` holds only sampled rows."""
+    vocab = x.shape[1]
+    params = [r.params for r in rows]
+    cfg = _to_device(
+        [
+            [
+                max(p.temperature, _MIN_TEMPERATURE),
+                min(p.top_k, vocab),
+                p.top_p if p.top_p < 1.0 else float("inf"),
+                p.min_p,
+            ]
+            for p in params
+        ],
+        torch.float32,
+        x.device,
+    )
+    x = x / cfg[:, :1]
+    max_k = max(min(p.top_k, vocab) for p in params)
+    use_p = any(p.top_p < 1.0 for p in params)
+    if max_k or use_p:
+        x = _top_k_top_p(x, cfg[:, 1].long(), cfg[:, 2], max_k, use_p)
+    if any(p.min_p > 0.0 for p in params):
+        # p < min_p * p_max  <=>  logit < max_logit + log(min_p); log(0) = -inf masks nothing
+        x = x.masked_fill(x < x.amax(dim=-1, keepdim=True) + cfg[:, 3:].log(), float("-inf"))
+    # Gumbel-max (exponential race): argmax(x - log q), q ~ Exp(1). Seeded rows draw q from their own
+    # generator so their tokens do not depend on the rest of the batch.
+    q = torch.empty_like(x)
+    if any(r.generator is None for r in rows):
+        q.exponential_()
+    for i, r in enumerate(rows):
+        if r.generator is not None:
+            q[i].exponential_(generator=r.generator)
+    return (x - q.clamp_min_(_TINY).log_()).argmax(dim=-1)
+
+
+class Sampler:
+    """Samples one token per row of ``logits`` ``[B, V]`` and reports raw-distribution logprobs."""
+
+    def __call__(self, logits: torch.Tensor, rows: list[SamplingRow]) -> SamplerOutput:
+        if len(rows) != logits.shape[0]:
+            raise ValueError(f"{len(rows)} sampling rows for {logits.shape[0]} logit rows")
+        if not rows:
+            return SamplerOutput([], [], [])
+        dev = logits.device
+        x = logits.float()
+        lse = x.logsumexp(dim=-1)
+        if any(r.params.needs_penalties or r.params.min_tokens for r in rows):
+            x = x.clone() if x is logits else x  # never edit the caller's logits
+            apply_penalties(x, rows)
+            apply_min_tokens(x, rows)
+        tokens = self._choose(x, rows)
+        # Raw logprobs come from the untouched input (same values as its float32 cast).
+        lp = logits.gather(1, tokens.unsqueeze(1)).squeeze(1).float() - lse
+        parts = [tokens.double(), lp.double()]
+        top_idx = [i for i, r in enumerate(rows) if r.params.logprobs]
+        max_lp = min(max((rows[i].params.logprobs or 0 for i in top_idx), default=0), logits.shape[1])
+        if max_lp:
+            sel = _to_device(top_idx, torch.long, dev) if len(top_idx) < len(rows) else None
+            src, src_lse = (logits, lse) if sel is None else (logits[sel], lse[sel])
+            top_v, top_i = src.topk(max_lp, dim=-1)
+            parts += [top_i.double().flatten(), (top_v.float() - src_lse.unsqueeze(1)).double().flatten()]
+        # token ids are exact in float64, so one tensor (one transfer) carries every result
+        return self._unpack(torch.cat(parts).tolist(), rows, top_idx, max_lp)
+
+    @staticmethod
+    def _choose(x: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+        sampled = [i for i, r in enumerate(rows) if not r.params.greedy]
+        if len(sampled) == len(rows):
+            return _sample(x, rows)
+        tokens = x.argmax(dim=-1)
+        if sampled:
+            idx = _to_device(sampled, torch.long, x.device)
+            tokens[idx] = _sample(x[idx], [rows[i] for i in sampled])
+        return tokens
+
+    @staticmethod
+    def _unpack(flat: list[float], rows: list[SamplingRow], top_idx: list[int], max_lp: int) -> SamplerOutput:
+        b = len(rows)
+        token_ids = [int(t) for t in flat[:b]]
+        logprobs = flat[b : 2 * b]
+        n = len(top_idx) * max_lp
+        ids, vals = flat[2 * b : 2 * b + n], flat[2 * b + n : 2 * b + 2 * n]
+        at = {i: j * max_lp for j, i in enumerate(top_idx)}  # where each row's top-k starts
+        top: list[TokenLogprobs | None] = []
+        for i, r in enumerate(rows):
+            if r.params.logprobs is None:
+                top.append(None)
+                continue
+            entry = {token_ids[i]: logprobs[i]}
+            if i in at:
+                k, s = min(r.params.logprobs, max_lp), at[i]
+                entry.update(zip((int(t) for t in ids[s : s + k]), vals[s : s + k], strict=True))
+            top.append(entry)
+        return SamplerOutput(token_ids, logprobs, top)

@@ -1,0 +1,127 @@
+"""Iteration-level scheduling: which sequences run this step, and how many tokens each.
+
+Every step fills a token budget and a sequence limit: running sequences first (decodes, and
+prefills still in progress), then waiting ones in priority order. Long prompts are prefilled
+in chunks. When the KV pool runs dry, the lowest-priority, latest-arrived running sequence is
+preempted: its blocks are freed and it is recomputed later.
+"""
+
+import bisect
+import logging
+from dataclasses import dataclass, field
+
+from worker.engine.block_manager import BlockManager
+from worker.engine.config import EngineConfig
+from worker.engine.sequence import Sequence, SequenceStatus
+
+logger = logging.getLogger("pagedq.engine")
+
+
+@dataclass
+class ScheduledBatch:
+    sequences: list[Sequence]
+    num_new_tokens: list[int]  # per sequence, tokens computed this step
+    blocks_to_copy: list[tuple[int, int]]
+    num_preempted: int = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.num_new_tokens)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.sequences
+
+
+@dataclass
+class Scheduler:
+    config: EngineConfig
+    block_manager: BlockManager
+    waiting: list[Sequence] = field(default_factory=list)  # kept sorted by sort_key
+    running: list[Sequence] = field(default_factory=list)
+    num_preemptions: int = 0
+
+    def add(self, seq: Sequence) -> None:
+        seq.status = SequenceStatus.WAITING
+        bisect.insort(self.waiting, seq, key=lambda s: s.sort_key)
+
+    def remove(self, seq: Sequence) -> None:
+        """Take a finished or aborted sequence out of the queues and free its blocks at once."""
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        self.block_manager.free(seq)
+
+    @property
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> ScheduledBatch:
+        batch = ScheduledBatch([], [], [])
+        preemptions_before = self.num_preemptions
+        budget = self._schedule_running(batch, self.config.max_num_batched_tokens)
+        batch.num_preempted = self.num_preemptions - preemptions_before
+        if batch.num_preempted:
+            logger.info("preempted %d sequence(s): KV cache full", batch.num_preempted)
+        else:
+            self._schedule_waiting(batch, budget)
+        batch.blocks_to_copy = self.block_manager.pending_copies
+        self.block_manager.pending_copies = []
+        return batch
+
+    def _schedule_running(self, batch: ScheduledBatch, budget: int) -> int:
+        """Decodes first, then prefills in progress; each in priority order."""
+        for seq in sorted(self.running, key=lambda s: (s.num_uncomputed_tokens > 1, s.sort_key)):
+            if budget == 0:
+                break
+            if seq.status is not SequenceStatus.RUNNING:
+                continue  # preempted earlier in this loop
+            num_new = min(seq.num_uncomputed_tokens, budget)
+            if not self._make_room(seq, num_new, batch.sequences):
+                continue
+            self.block_manager.grow(seq, num_new)
+            batch.sequences.append(seq)
+            batch.num_new_tokens.append(num_new)
+            budget -= num_new
+        return budget
+
+    def _make_room(self, seq: Sequence, num_new: int, scheduled: list[Sequence]) -> bool:
+        """Preempt the lowest-priority, latest-arrived unscheduled sequence until ``seq`` fits.
+
+        Returns False when ``seq`` itself was that sequence.
+        """
+        while not self.block_manager.can_grow(seq, num_new):
+            victim = max((s for s in self.running if s not in scheduled), key=lambda s: s.sort_key)
+            self._preempt(victim)
+            if victim is seq:
+                return False
+        return True
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.block_manager.free(seq)
+        self.num_preemptions += 1
+        self.add(seq)
+
+    def _schedule_waiting(self, batch: ScheduledBatch, budget: int) -> None:
+        while self.waiting and budget > 0:
+            seq = self.waiting[0]
+            if len(self.running) + self._seats(seq) > self.config.max_num_seqs:
+                break
+            self.block_manager.match_prefix(seq)
+            num_new = min(seq.num_uncomputed_tokens, budget)
+            if not self.block_manager.can_grow(seq, num_new):
+                self.block_manager.free(seq)
+                break
+            self.block_manager.grow(seq, num_new)
+            self.waiting.pop(0)
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            batch.sequences.append(seq)
+            batch.num_new_tokens.append(num_new)
+            budget -= num_new
+
+    def _seats(self, seq: Sequence) -> int:
+        """A request not yet forked will need a seat for each of its samples."""
+        return 1 if seq.request.forked else seq.request.params.n
