@@ -48,6 +48,7 @@ class ModelRunner:
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, model_config, self.device)
         self.block_size = config.block_size
+        self.max_model_len = max_model_len
         self.model: LlamaForCausalLM = load_model(
             model_config, max_model_len, self.dtype, self.device, config.load_format
         )

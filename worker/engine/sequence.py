@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from worker.engine.detokenizer import IncrementalDetokenizer
 from worker.engine.outputs import RequestMetrics, TokenLogprobs
 from worker.engine.sampling_params import SamplingParams
 
@@ -33,7 +34,7 @@ class Sequence:
     logprobs: list[TokenLogprobs] = field(default_factory=list)
     finish_reason: str | None = None
     stop_reason: str | int | None = None
-    detokenizer: object = None  # the engine's IncrementalDetokenizer for this sample
+    detokenizer: IncrementalDetokenizer | None = None
     num_emitted_tokens: int = 0  # tokens already handed out by step()
     num_emitted_logprobs: int = 0
 
