@@ -4,6 +4,7 @@ import random
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.reference import HFReference, assert_pool_empty, chosen_logprobs
 from tests.tiny_models import CORPUS
@@ -22,7 +23,7 @@ def greedy(logprobs: int | None = 0) -> SamplingParams:
     return SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True, logprobs=logprobs)
 
 
-@pytest.mark.parametrize("model", ["tiny_llama", "tiny_qwen2"])
+@pytest.mark.parametrize("model", ["tiny_llama", "tiny_qwen2", "tiny_llama3", "tiny_mistral"])
 def test_greedy_matches_transformers(model: str, request: pytest.FixtureRequest) -> None:
     path: Path = request.getfixturevalue(model)
     llm = LLM(str(path), kv_cache_bytes=8 << 20)
@@ -92,3 +93,27 @@ def test_prefix_cache_serves_a_repeated_prompt(tiny_llama: Path) -> None:
     assert first.num_cached_tokens == 0
     assert second.num_cached_tokens == (len(first.prompt_token_ids) - 1) // 16 * 16 > 0
     assert second.outputs[0].token_ids == first.outputs[0].token_ids
+
+
+def test_bfloat16_stays_close_to_transformers_in_bfloat16(tiny_llama: Path) -> None:
+    llm = LLM(str(tiny_llama), kv_cache_bytes=8 << 20, dtype="bfloat16")
+    reference = HFReference(tiny_llama, torch.bfloat16)
+    texts = prompts(8, 2)
+    agreeing = 0
+    for text, out in zip(texts, llm.generate(texts, greedy(0)), strict=True):
+        want_tokens, want_logprobs = reference.greedy(llm.tokenizer.encode(text), 4, stop_at_eos=False)
+        got = out.outputs[0]
+        if got.token_ids[:4] == want_tokens:
+            agreeing += 1
+            assert chosen_logprobs(got)[:4] == pytest.approx(want_logprobs, abs=0.15)
+    assert agreeing >= 6  # bfloat16 rounding may flip a near-tie, not most choices
+
+
+def test_dummy_weights_need_only_a_config(tiny_llama: Path, tmp_path: Path) -> None:
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        (tmp_path / name).write_bytes((tiny_llama / name).read_bytes())
+    llm = LLM(str(tmp_path), load_format="dummy", kv_cache_bytes=8 << 20)
+    out = llm.generate("Hello there", greedy(None))[0].outputs[0]
+    assert len(out.token_ids) == MAX_NEW
+    with pytest.raises(FileNotFoundError, match=r"no \*\.safetensors weights"):
+        LLM(str(tmp_path), kv_cache_bytes=8 << 20)

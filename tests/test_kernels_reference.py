@@ -58,31 +58,40 @@ def dense_attention(q, k, v, scale) -> torch.Tensor:
     return (scores.softmax(-1) @ v).transpose(0, 1)
 
 
+def random_layer(tables, seq_lens, num_blocks, block_size, dtype, gen):
+    """Caches holding each sequence's random K/V at its scattered slots, and that K/V densely."""
+    # Unused slots hold large garbage, so reading an unmasked stray key would show.
+    k_cache, v_cache = (
+        (100 * torch.randn(num_blocks, block_size, KV_HEADS, HEAD_DIM, generator=gen)).to(dtype)
+        for _ in range(2)
+    )
+    contexts = []
+    for table, s in zip(tables, seq_lens, strict=True):
+        k, v = (torch.randn(s, KV_HEADS, HEAD_DIM, generator=gen).to(dtype) for _ in range(2))
+        positions = torch.arange(s)
+        blocks = torch.tensor(table)[positions // block_size]
+        k_cache[blocks, positions % block_size] = k
+        v_cache[blocks, positions % block_size] = v
+        contexts.append((k, v))
+    return k_cache, v_cache, contexts
+
+
 def check_mixed_batch(batch, block_size, group, dtype, atol):
     gen = torch.Generator().manual_seed(block_size * 10 + group)
     query_lens, seq_lens = zip(*batch, strict=True)
     tables, num_blocks = scattered_tables(seq_lens, block_size, gen)
     meta = make_meta(query_lens, seq_lens, tables, block_size)
-    # Unused slots hold large garbage, so reading an unmasked stray key would show.
-    k_cache = (100 * torch.randn(num_blocks, block_size, KV_HEADS, HEAD_DIM, generator=gen)).to(dtype)
-    v_cache = (100 * torch.randn(num_blocks, block_size, KV_HEADS, HEAD_DIM, generator=gen)).to(dtype)
-    contexts = []
-    for table, s in zip(tables, seq_lens, strict=True):
-        k, v = (torch.randn(s, KV_HEADS, HEAD_DIM, generator=gen).to(dtype) for _ in range(2))
-        for p in range(s):
-            k_cache[table[p // block_size], p % block_size] = k[p]
-            v_cache[table[p // block_size], p % block_size] = v[p]
-        contexts.append((k, v))
-    query = torch.randn(meta.num_tokens, KV_HEADS * group, HEAD_DIM, generator=gen).to(dtype)
-    scale = HEAD_DIM**-0.5
+    starts, scale = meta.query_start_loc.tolist(), HEAD_DIM**-0.5
+    for _layer in range(2):  # like a model's layers: one metadata (and its cached plans), two caches
+        k_cache, v_cache, contexts = random_layer(tables, seq_lens, num_blocks, block_size, dtype, gen)
+        query = torch.randn(meta.num_tokens, KV_HEADS * group, HEAD_DIM, generator=gen).to(dtype)
 
-    out = paged_attention(query, k_cache, v_cache, meta, scale)
+        out = paged_attention(query, k_cache, v_cache, meta, scale)
 
-    assert out.dtype == dtype and out.shape == query.shape
-    starts = meta.query_start_loc.tolist()
-    for b, (k, v) in enumerate(contexts):
-        want = dense_attention(query[starts[b] : starts[b + 1]], k, v, scale)
-        torch.testing.assert_close(out[starts[b] : starts[b + 1]].double(), want, atol=atol, rtol=atol)
+        assert out.dtype == dtype and out.shape == query.shape
+        for b, (k, v) in enumerate(contexts):
+            want = dense_attention(query[starts[b] : starts[b + 1]], k, v, scale)
+            torch.testing.assert_close(out[starts[b] : starts[b + 1]].double(), want, atol=atol, rtol=atol)
 
 
 @pytest.mark.parametrize("block_size", [16, 32])

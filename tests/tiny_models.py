@@ -4,7 +4,21 @@ from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
+
+ARCHITECTURES = {
+    "llama": (LlamaConfig, LlamaForCausalLM),
+    "mistral": (MistralConfig, MistralForCausalLM),
+    "qwen2": (Qwen2Config, Qwen2ForCausalLM),
+}
 
 CORPUS = [
     "The quick brown fox jumps over the lazy dog.",
@@ -58,12 +72,8 @@ def make_tiny_model(path: Path, arch: str = "llama", seed: int = 0, **overrides:
     )
     common.update(overrides)
     torch.manual_seed(seed)
-    if arch == "llama":
-        model = LlamaForCausalLM(LlamaConfig(**common))
-    elif arch == "qwen2":
-        model = Qwen2ForCausalLM(Qwen2Config(**common))
-    else:
-        raise ValueError(arch)
+    config_class, model_class = ARCHITECTURES[arch]
+    model = model_class(config_class(**common))
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
