@@ -1,16 +1,16 @@
 """Per-step attention metadata, built once by the model runner and shared by every layer."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 
 import torch
 from torch import Tensor
 
 # Decode sequences are attended in chunks of at most this many padded context tokens (or one
-# sequence, when longer). Sorted by length, neighbours pad little; and a chunk's gathered K/V
-# (~1.5 KiB a token for 3 kv heads x 64 in float32) stays in cache between the gather and SDPA
-# instead of going through RAM, and its buffer is reused by malloc rather than page-faulted in.
-DECODE_CHUNK_TOKENS = 4096
+# sequence, when longer): sorted by length, neighbours pad little, and a chunk's gathered K/V
+# (1.5 KiB a token for 3 kv heads x 64 in float32) stays in the CPU caches up to SDPA.
+# 2k-16k measured alike (bench/attention_cpu.py); one chunk for all was slower.
+DECODE_CHUNK_TOKENS = 8192
 
 
 @dataclass(frozen=True, eq=False)
@@ -51,6 +51,7 @@ class AttentionMetadata:
     query_lens_cpu: list[int]
     seq_lens_cpu: list[int]
     block_size: int
+    _buffers: dict[tuple, Tensor] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         num_seqs = len(self.seq_lens_cpu)
@@ -74,7 +75,7 @@ class AttentionMetadata:
         if self.block_tables.dim() != 2 or self.block_tables.shape[1] < need:
             raise ValueError(f"block_tables {tuple(self.block_tables.shape)} needs >= {need} columns")
 
-    @property
+    @cached_property
     def num_tokens(self) -> int:
         return sum(self.query_lens_cpu)
 
@@ -128,3 +129,18 @@ class AttentionMetadata:
             block_ids = self.block_tables[b, : self._num_blocks(s)]
             out.append(PrefillSeq(start, start + q, s, block_ids, mask))
         return out
+
+    @cached_property
+    def max_gather_blocks(self) -> int:
+        """The most cache blocks that one attention call (a decode chunk or a prefill) gathers."""
+        sizes = [c.block_index.shape[0] for c in self.decode_chunks]
+        return max(sizes + [p.block_ids.shape[0] for p in self.prefills], default=0)
+
+    def gather_buffer(self, cache: Tensor) -> Tensor:
+        """Scratch ``[2, max_gather_blocks, *cache.shape[1:]]`` for gathered K and V, shared by the
+        step's layers: on CPU, page-faulting a fresh multi-MB tensor in every layer can cost more
+        than the attention itself."""
+        key = (cache.dtype, cache.device, cache.shape[1:])
+        if key not in self._buffers:
+            self._buffers[key] = cache.new_empty((2, self.max_gather_blocks, *cache.shape[1:]))
+        return self._buffers[key]

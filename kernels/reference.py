@@ -40,14 +40,19 @@ def paged_attention(
     """Causal attention of the new tokens over their sequences' cached K/V (new tokens included).
 
     ``query`` is ``[T, num_heads, head_dim]``; query head h reads kv head ``h // (num_heads //
-    num_kv_heads)``. Returns ``[T, num_heads, head_dim]`` in the query's dtype.
+    num_kv_heads)``. Returns ``[T, num_heads, head_dim]`` in the query's dtype. Slots past a
+    sequence's end in its last block are read and masked out, so they must hold finite values
+    (allocate caches with ``torch.zeros``): 0 * NaN would still be NaN.
     """
     _check_shapes(query, k_cache, v_cache, meta)
-    out = torch.empty_like(query)
+    out = query.new_empty(query.shape)  # contiguous, whatever the query's strides
+    buffer = meta.gather_buffer(k_cache)
     for chunk in meta.decode_chunks:
-        out.index_copy_(0, chunk.token_index, _decode(query, k_cache, v_cache, chunk, scale))
+        k, v = _gather(k_cache, v_cache, chunk.block_index, chunk.token_index.shape[0], buffer)
+        out.index_copy_(0, chunk.token_index, _decode(query, k, v, chunk, scale))
     for seq in meta.prefills:
-        out[seq.start : seq.end] = _prefill(query, k_cache, v_cache, seq, scale)
+        k, v = _gather(k_cache, v_cache, seq.block_ids, 1, buffer)
+        out[seq.start : seq.end] = _prefill(query, k, v, seq, scale)
     return out
 
 
@@ -64,25 +69,30 @@ def _check_shapes(query: Tensor, k_cache: Tensor, v_cache: Tensor, meta: Attenti
         )
 
 
-def _gather(cache: Tensor, block_index: Tensor, num_seqs: int) -> Tensor:
-    """The listed blocks as ``[num_seqs, kv_heads, tokens, head_dim]`` (sequence-major blocks)."""
-    _, _, kv_heads, head_dim = cache.shape
-    return cache.index_select(0, block_index).view(num_seqs, -1, kv_heads, head_dim).transpose(1, 2)
+def _gather(
+    k_cache: Tensor, v_cache: Tensor, block_index: Tensor, num_seqs: int, buffer: Tensor
+) -> tuple[Tensor, Tensor]:
+    """The listed blocks (sequence-major) as K and V ``[num_seqs, kv_heads, tokens, head_dim]``."""
+    _, _, kv_heads, head_dim = k_cache.shape
+    rows = block_index.shape[0]
+    k = torch.index_select(k_cache, 0, block_index, out=buffer[0, :rows])
+    v = torch.index_select(v_cache, 0, block_index, out=buffer[1, :rows])
+    shape = (num_seqs, -1, kv_heads, head_dim)
+    return k.view(shape).transpose(1, 2), v.view(shape).transpose(1, 2)
 
 
-def _decode(query: Tensor, k_cache: Tensor, v_cache: Tensor, chunk: DecodeChunk, scale: float) -> Tensor:
+def _decode(query: Tensor, k: Tensor, v: Tensor, chunk: DecodeChunk, scale: float) -> Tensor:
     """One token per sequence: the G query heads sharing a kv head act as G query rows, so GQA
     needs neither expanded K/V nor ``enable_gqa`` (measured fastest on CPU)."""
-    seqs, head_dim = chunk.token_index.shape[0], query.shape[2]
-    q = query.index_select(0, chunk.token_index).view(seqs, k_cache.shape[2], -1, head_dim)
-    k, v = (_gather(c, chunk.block_index, seqs) for c in (k_cache, v_cache))
+    seqs, kv_heads, _, head_dim = k.shape
+    q = query.index_select(0, chunk.token_index).view(seqs, kv_heads, -1, head_dim)
     o = F.scaled_dot_product_attention(q, k, v, attn_mask=chunk.key_mask, scale=scale)
     return o.reshape(seqs, -1, head_dim)
 
 
-def _prefill(query: Tensor, k_cache: Tensor, v_cache: Tensor, seq: PrefillSeq, scale: float) -> Tensor:
+def _prefill(query: Tensor, k: Tensor, v: Tensor, seq: PrefillSeq, scale: float) -> Tensor:
     q = query[seq.start : seq.end].transpose(0, 1).unsqueeze(0)
-    k, v = (_gather(c, seq.block_ids, 1)[:, :, : seq.seq_len] for c in (k_cache, v_cache))
+    k, v = k[:, :, : seq.seq_len], v[:, :, : seq.seq_len]  # drop the last block's tail
     o = F.scaled_dot_product_attention(
         q, k, v, attn_mask=seq.mask, is_causal=seq.mask is None, scale=scale, enable_gqa=True
     )
