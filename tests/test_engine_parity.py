@@ -117,3 +117,16 @@ def test_dummy_weights_need_only_a_config(tiny_llama: Path, tmp_path: Path) -> N
     assert len(out.token_ids) == MAX_NEW
     with pytest.raises(FileNotFoundError, match=r"no \*\.safetensors weights"):
         LLM(str(tmp_path), kv_cache_bytes=8 << 20)
+
+
+def test_requests_arriving_together_compute_a_shared_prefix_once(tiny_llama: Path) -> None:
+    shared = prompts(1, 4)[0] * 2
+    docs = [shared + text for text in prompts(6, 5)]
+    cached = LLM(str(tiny_llama), kv_cache_bytes=8 << 20, block_size=16)
+    outputs = cached.generate(docs, greedy(None))
+    prefix_blocks = len(cached.tokenizer.encode(shared)) // 16
+    assert all(out.num_cached_tokens >= prefix_blocks * 16 for out in outputs[1:])
+    plain = LLM(str(tiny_llama), kv_cache_bytes=8 << 20, block_size=16, enable_prefix_caching=False)
+    assert [o.outputs[0].token_ids for o in plain.generate(docs, greedy(None))] == [
+        o.outputs[0].token_ids for o in outputs
+    ]

@@ -74,6 +74,30 @@ class BlockManager:
             seq.block_table.append(block_id)
         seq.num_computed_tokens = seq.num_cached_tokens = len(seq.block_table) * self.block_size
 
+    def next_block_hash(self, seq: Sequence) -> int | None:
+        """The prefix-cache key of the first full block ``seq`` has not computed, if any."""
+        hashes = self.uncomputed_block_hashes(seq, limit=1)
+        return hashes[0] if hashes else None
+
+    def uncomputed_block_hashes(self, seq: Sequence, limit: int | None = None) -> list[int]:
+        """Prefix-cache keys of the full blocks ``seq`` has yet to compute, in order."""
+        if not self.enable_prefix_caching:
+            return []
+        first = seq.num_computed_tokens // self.block_size
+        last = (
+            seq.num_tokens // self.block_size
+            if limit is None
+            else min(first + limit, seq.num_tokens // self.block_size)
+        )
+        parent = self.blocks[seq.block_table[first - 1]].hash if first else NO_HASH
+        hashes = []
+        for index in range(first, last):
+            parent = chain_hash(
+                parent, tuple(seq.token_ids[index * self.block_size : (index + 1) * self.block_size])
+            )
+            hashes.append(parent)
+        return hashes
+
     # --- growing a sequence ---
 
     def new_blocks_needed(self, seq: Sequence, num_new_tokens: int) -> int:

@@ -105,22 +105,43 @@ class Scheduler:
         self.add(seq)
 
     def _schedule_waiting(self, batch: ScheduledBatch, budget: int) -> None:
-        while self.waiting and budget > 0:
-            seq = self.waiting[0]
+        """Admit waiting sequences in order while budget, seats and blocks last.
+
+        A sequence whose next prompt block another sequence is computing right now waits a step:
+        then it finds that block in the prefix cache instead of computing it a second time.
+        """
+        upcoming = self._blocks_being_computed()
+        index = 0
+        while index < len(self.waiting) and budget > 0:
+            seq = self.waiting[index]
             if len(self.running) + self._seats(seq) > self.config.max_num_seqs:
                 break
             self.block_manager.match_prefix(seq)
             num_new = min(seq.num_uncomputed_tokens, budget)
+            if self.block_manager.next_block_hash(seq) in upcoming:
+                self.block_manager.free(seq)
+                index += 1
+                continue
             if not self.block_manager.can_grow(seq, num_new):
                 self.block_manager.free(seq)
                 break
             self.block_manager.grow(seq, num_new)
-            self.waiting.pop(0)
+            self.waiting.pop(index)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             batch.sequences.append(seq)
             batch.num_new_tokens.append(num_new)
             budget -= num_new
+            upcoming.update(self.block_manager.uncomputed_block_hashes(seq))
+
+    def _blocks_being_computed(self) -> set[int]:
+        if not self.config.enable_prefix_caching:
+            return set()
+        hashes: set[int] = set()
+        for seq in self.running:
+            if seq.num_uncomputed_tokens > 1:
+                hashes.update(self.block_manager.uncomputed_block_hashes(seq))
+        return hashes
 
     def _seats(self, seq: Sequence) -> int:
         """A request not yet forked will need a seat for each of its samples."""
