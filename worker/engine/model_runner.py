@@ -8,7 +8,7 @@ import torch
 
 from kernels import AttentionMetadata, copy_blocks
 from worker.engine.config import EngineConfig
-from worker.engine.model.llama import LlamaForCausalLM
+from worker.engine.model.llama import KVCache, LlamaForCausalLM
 from worker.engine.model.loader import load_model
 from worker.engine.model.model_config import ModelConfig
 from worker.engine.scheduler import ScheduledBatch
@@ -125,7 +125,7 @@ class ModelRunner:
         total = torch.cuda.get_device_properties(self.device).total_memory
         return int(total * self.config.gpu_memory_utilization - peak)
 
-    def _allocate_kv_cache(self, model_config: ModelConfig) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def _allocate_kv_cache(self, model_config: ModelConfig) -> list[KVCache]:
         shape = (
             2,
             model_config.num_layers,

@@ -12,6 +12,8 @@ from kernels import AttentionMetadata, paged_attention, write_kv
 from worker.engine.model.model_config import ModelConfig
 from worker.engine.model.rotary import RotaryEmbedding
 
+KVCache = tuple[torch.Tensor, torch.Tensor]  # one layer's (keys, values) block pool
+
 
 def empty_param(*shape: int) -> nn.Parameter:
     return nn.Parameter(torch.empty(*shape), requires_grad=False)
@@ -45,11 +47,7 @@ class Attention(nn.Module):
         self.scale = self.head_dim**-0.5
 
     def forward(
-        self,
-        x: torch.Tensor,
-        positions: torch.Tensor,
-        kv_cache: tuple[torch.Tensor, torch.Tensor],
-        meta: AttentionMetadata,
+        self, x: torch.Tensor, positions: torch.Tensor, kv_cache: KVCache, meta: AttentionMetadata
     ) -> torch.Tensor:
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(-1, self.num_heads, self.head_dim)
@@ -81,11 +79,7 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(config)
 
     def forward(
-        self,
-        x: torch.Tensor,
-        positions: torch.Tensor,
-        kv_cache: tuple[torch.Tensor, torch.Tensor],
-        meta: AttentionMetadata,
+        self, x: torch.Tensor, positions: torch.Tensor, kv_cache: KVCache, meta: AttentionMetadata
     ) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), positions, kv_cache, meta)
         return x + self.mlp(self.post_attention_layernorm(x))
@@ -107,7 +101,7 @@ class LlamaForCausalLM(nn.Module):
         self,
         input_ids: torch.Tensor,
         positions: torch.Tensor,
-        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        kv_caches: list[KVCache],
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         """Hidden states of every new token, [T, hidden] (before the final norm)."""
