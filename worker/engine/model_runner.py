@@ -182,10 +182,8 @@ class ModelRunner:
     def execute(self, batch: ScheduledBatch) -> torch.Tensor:
         """Logits ``[num_sampled, vocab]`` (float32) for the sequences whose next token is due."""
         if batch.blocks_to_copy:
-            k_caches = [k for k, _ in self.kv_caches]
-            v_caches = [v for _, v in self.kv_caches]
-            pairs = self._tensor([list(p) for p in batch.blocks_to_copy])
-            for k_cache, v_cache in zip(k_caches, v_caches, strict=True):
+            pairs = self._tensor([list(pair) for pair in batch.blocks_to_copy])
+            for k_cache, v_cache in self.kv_caches:
                 copy_blocks(k_cache, v_cache, pairs)
         inputs = self.prepare(batch)
         hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
