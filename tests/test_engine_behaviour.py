@@ -149,3 +149,11 @@ def test_steps_are_incremental_and_add_up_to_generate(llm: LLM, engine: LLMEngin
     assert len(times.token_times) == 25
     assert times.arrival_time <= times.first_scheduled_time <= times.first_token_time <= times.finished_time
     assert times.token_times == sorted(times.token_times)
+
+
+def test_greedy_samples_that_copy_on_write_match_a_single_sample(llm: LLM, engine: LLMEngine) -> None:
+    prompt = llm.tokenizer.encode(PROMPT * 3)
+    assert len(prompt) % 16, "the last prompt block must be partial, so samples copy it on write"
+    single = llm.generate(prompt, SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True))
+    fanned = llm.generate(prompt, SamplingParams(n=3, temperature=0.0, max_tokens=20, ignore_eos=True))
+    assert [o.token_ids for o in fanned[0].outputs] == [single[0].outputs[0].token_ids] * 3
