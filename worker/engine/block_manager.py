@@ -6,6 +6,7 @@ findable until the pool needs them; then the least recently used one is evicted.
 """
 
 from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from worker.engine.sequence import Sequence
@@ -63,11 +64,8 @@ class BlockManager:
         """
         if not self.enable_prefix_caching:
             return
-        parent = NO_HASH
-        for start in range(0, seq.num_tokens - 1 - self.block_size + 1, self.block_size):
-            tokens = tuple(seq.token_ids[start : start + self.block_size])
-            parent = chain_hash(parent, tokens)
-            block_id = self.cached.get(parent)
+        for _, tokens, key in self._chained(seq, 0, (seq.num_tokens - 1) // self.block_size):
+            block_id = self.cached.get(key)
             if block_id is None or self.blocks[block_id].token_ids != tokens:
                 break
             self._take(block_id)
@@ -76,27 +74,22 @@ class BlockManager:
 
     def next_block_hash(self, seq: Sequence) -> int | None:
         """The prefix-cache key of the first full block ``seq`` has not computed, if any."""
-        hashes = self.uncomputed_block_hashes(seq, limit=1)
-        return hashes[0] if hashes else None
+        return next(iter(self.uncomputed_block_hashes(seq, limit=1)), None)
 
     def uncomputed_block_hashes(self, seq: Sequence, limit: int | None = None) -> list[int]:
-        """Prefix-cache keys of the full blocks ``seq`` has yet to compute, in order."""
+        """Prefix-cache keys of the full blocks ``seq`` has yet to compute, in order (at most ``limit``)."""
         if not self.enable_prefix_caching:
             return []
-        first = seq.num_computed_tokens // self.block_size
-        last = (
-            seq.num_tokens // self.block_size
-            if limit is None
-            else min(first + limit, seq.num_tokens // self.block_size)
-        )
+        first, last = seq.num_computed_tokens // self.block_size, seq.num_tokens // self.block_size
+        return [key for _, _, key in self._chained(seq, first, min(last, first + (limit or last)))]
+
+    def _chained(self, seq: Sequence, first: int, last: int) -> Iterator[tuple[int, tuple[int, ...], int]]:
+        """(index, tokens, prefix-cache key) of blocks ``first..last-1``; blocks before are hashed."""
         parent = self.blocks[seq.block_table[first - 1]].hash if first else NO_HASH
-        hashes = []
         for index in range(first, last):
-            parent = chain_hash(
-                parent, tuple(seq.token_ids[index * self.block_size : (index + 1) * self.block_size])
-            )
-            hashes.append(parent)
-        return hashes
+            tokens = tuple(seq.token_ids[index * self.block_size : (index + 1) * self.block_size])
+            parent = chain_hash(parent, tokens)
+            yield index, tokens, parent
 
     # --- growing a sequence ---
 
@@ -136,16 +129,12 @@ class BlockManager:
         """Make the blocks that became full of computed tokens findable by later requests."""
         if not self.enable_prefix_caching:
             return
-        first = num_computed_before // self.block_size
-        last = seq.num_computed_tokens // self.block_size
-        parent = self.blocks[seq.block_table[first - 1]].hash if first else NO_HASH
-        for index in range(first, last):
+        first, last = num_computed_before // self.block_size, seq.num_computed_tokens // self.block_size
+        for index, tokens, key in self._chained(seq, first, last):
             block = self.blocks[seq.block_table[index]]
-            tokens = tuple(seq.token_ids[index * self.block_size : (index + 1) * self.block_size])
             if block.hash == NO_HASH:
-                block.hash, block.token_ids = chain_hash(parent, tokens), tokens
-                self.cached.setdefault(block.hash, block.block_id)
-            parent = block.hash
+                block.hash, block.token_ids = key, tokens
+                self.cached.setdefault(key, block.block_id)
 
     def free(self, seq: Sequence) -> None:
         """Drop the sequence's claim on its blocks; the last blocks freed are the first evicted."""

@@ -22,11 +22,6 @@ class ScheduledBatch:
     sequences: list[Sequence]
     num_new_tokens: list[int]  # per sequence, tokens computed this step
     blocks_to_copy: list[tuple[int, int]]
-    num_preempted: int = 0
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(self.num_new_tokens)
 
     @property
     def is_empty(self) -> bool:
@@ -53,17 +48,13 @@ class Scheduler:
             self.waiting.remove(seq)
         self.block_manager.free(seq)
 
-    @property
-    def has_unfinished(self) -> bool:
-        return bool(self.waiting or self.running)
-
     def schedule(self) -> ScheduledBatch:
         batch = ScheduledBatch([], [], [])
         preemptions_before = self.num_preemptions
         budget = self._schedule_running(batch, self.config.max_num_batched_tokens)
-        batch.num_preempted = self.num_preemptions - preemptions_before
-        if batch.num_preempted:
-            logger.info("preempted %d sequence(s): KV cache full", batch.num_preempted)
+        preempted = self.num_preemptions - preemptions_before
+        if preempted:
+            logger.info("preempted %d sequence(s): KV cache full", preempted)
         else:
             self._schedule_waiting(batch, budget)
         batch.blocks_to_copy = self.block_manager.pending_copies
