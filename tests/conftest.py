@@ -1,9 +1,13 @@
 import os
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 
+from core.settings import Settings
+from tests.services import database_from, migrated_template, redis_url
 from tests.tiny_models import make_tiny_model
 
 torch.set_num_threads(max(1, os.cpu_count() or 1))
@@ -36,3 +40,35 @@ def tiny_llama3(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_mistral(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_tiny_model(tmp_path_factory.mktemp("tiny-mistral"), "mistral", sliding_window=4096)
+
+
+@pytest.fixture(scope="session")
+def pg_template() -> Iterator[str]:
+    with migrated_template() as name:
+        yield name
+
+
+@pytest.fixture
+def service_settings(pg_template: str, tmp_path: Path, tiny_llama: Path) -> Iterator[Settings]:
+    """Settings of a job service on a database of this test's own, the real Redis, and the tiny model.
+
+    The model is reached through a uniquely named link, so this test's queue is its own.
+    """
+    model = tmp_path / f"tiny-{uuid.uuid4().hex[:8]}"
+    model.symlink_to(tiny_llama, target_is_directory=True)
+    with database_from(pg_template) as url:
+        yield Settings(
+            database_url=url,
+            broker_url=redis_url(),
+            model=str(model),
+            data_dir=tmp_path / "data",
+            device="cpu",
+            dtype="float32",
+            max_num_seqs=32,
+            kv_cache_bytes=64 * 2**20,
+            flush_interval=0.1,
+            heartbeat_timeout=3.0,
+            requeue_after=2.0,
+            reconcile_interval=0.5,
+            shutdown_grace=5.0,
+        )

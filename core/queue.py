@@ -1,0 +1,94 @@
+"""The Celery app both sides build from settings, and how a job id travels through it.
+
+The API publishes by task name (it never imports the worker); messages carry the job id only, and the
+job row is always committed before its message is published.
+"""
+
+import re
+from pathlib import Path
+from typing import Any
+
+from celery import Celery
+
+from core.settings import Settings
+
+RUN_JOB_TASK = "pagedq.run_job"
+CELERY_PRIORITIES = 10  # Redis priority steps 0 (first) .. 9
+
+
+def queue_name(served_model: str) -> str:
+    """A worker serves one model and consumes that model's queue."""
+    return "pagedq.jobs." + re.sub(r"[^A-Za-z0-9_.-]", "_", served_model)
+
+
+def celery_priority(job_priority: int) -> int:
+    """Job priority -100 (first) .. 100 onto the broker's 0 (first) .. 9."""
+    clamped = min(max(job_priority, -100), 100)
+    return (clamped + 100) * (CELERY_PRIORITIES - 1) // 200
+
+
+def make_celery(settings: Settings) -> Celery:
+    app = Celery("pagedq", set_as_current=False)
+    app.conf.update(_reliability_conf(settings), **_broker_conf(settings))
+    app.conf.task_default_queue = queue_name(settings.served_model_name)
+    return app
+
+
+def _reliability_conf(settings: Settings) -> dict[str, Any]:
+    return {
+        # A message is acknowledged only after the job's result is committed, and a worker that dies
+        # mid-job gives its messages back; the job row (its attempt) makes a second run harmless.
+        "task_acks_late": True,
+        "task_reject_on_worker_lost": True,
+        # One worker holds only as many jobs as its engine has seats (worker_concurrency threads),
+        # so it never hoards jobs that another worker could start.
+        "worker_prefetch_multiplier": 1,
+        "task_ignore_result": True,  # results live in the jobs table
+        "task_serializer": "json",
+        "accept_content": ["json"],
+        "task_default_priority": celery_priority(0),
+        "broker_connection_retry_on_startup": True,
+        "worker_hijack_root_logger": False,
+        "worker_send_task_events": False,
+    }
+
+
+def _broker_conf(settings: Settings) -> dict[str, Any]:
+    url = settings.resolved_broker_url
+    if settings.broker_kind == "filesystem":
+        folder = Path(url.removeprefix("filesystem://"))
+        for sub in ("queue", "control"):
+            (folder / sub).mkdir(parents=True, exist_ok=True)
+        options = {
+            "data_folder_in": str(folder / "queue"),
+            "data_folder_out": str(folder / "queue"),
+            "control_folder": str(folder / "control"),
+            "polling_interval": 0.05,
+        }
+        # Messages are files that survive a restart; remote control needs a real broker.
+        return {
+            "broker_url": "filesystem://",
+            "broker_transport_options": options,
+            "worker_enable_remote_control": False,
+        }
+    options = {
+        # Longer than the longest job: Redis hands an unacknowledged message to another worker after it.
+        "visibility_timeout": settings.visibility_timeout,
+        "queue_order_strategy": "priority",
+        "priority_steps": list(range(CELERY_PRIORITIES)),
+        "sep": ":",
+    }
+    return {"broker_url": url, "broker_transport_options": options}
+
+
+def publish_job(app: Celery, job_id: str, queue: str, priority: int) -> None:
+    app.send_task(RUN_JOB_TASK, args=[job_id], queue=queue, priority=celery_priority(priority))
+
+
+def queue_depth(app: Celery, queue: str) -> int:
+    """Messages waiting in the broker for ``queue`` (not those a worker already holds)."""
+    with app.connection_for_read() as conn:
+        try:
+            return int(conn.default_channel.queue_declare(queue=queue, passive=True).message_count)
+        except conn.channel_errors:
+            return 0  # the queue does not exist yet

@@ -1,0 +1,77 @@
+"""The job spec: what a client may ask of one job. Sampling fields mirror the engine's SamplingParams."""
+
+from typing import Annotated, Any, Literal, Self
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, HttpUrl, model_validator
+
+
+def _no_nul(text: str) -> str:
+    if "\x00" in text:
+        raise ValueError("text must not contain NUL (\\u0000) characters")
+    return text
+
+
+Text = Annotated[str, AfterValidator(_no_nul)]
+StopList = Annotated[list[Annotated[Text, Field(min_length=1)]], Field(max_length=16)]
+
+
+class SamplingSpec(BaseModel):
+    """The engine's sampling parameters, with its names, defaults and bounds (vLLM's meanings)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_tokens: int = Field(16, ge=1, description="tokens to generate at most")
+    min_tokens: int = Field(0, ge=0, description="tokens to generate before EOS or a stop is honoured")
+    temperature: float = Field(1.0, ge=0.0, le=10.0, description="0 is greedy decoding")
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(0, ge=-1, description="0 or -1 disables")
+    min_p: float = Field(0.0, ge=0.0, le=1.0)
+    repetition_penalty: float = Field(1.0, gt=0.0, le=10.0)
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    seed: int | None = Field(None, ge=0, lt=2**63)
+    stop: StopList = Field(default_factory=list, description="strings that end the output")
+    stop_token_ids: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list, max_length=16)
+    ignore_eos: bool = False
+    logprobs: int | None = Field(None, ge=0, le=20, description="top alternatives per token")
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+
+    @model_validator(mode="after")
+    def _min_within_max(self) -> Self:
+        if self.min_tokens > self.max_tokens:
+            raise ValueError(f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
+        return self
+
+    def engine_params(self) -> dict[str, Any]:
+        """The keyword arguments of the engine's ``SamplingParams``."""
+        return self.model_dump(include=set(SamplingSpec.model_fields))
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    role: Literal["system", "user", "assistant", "tool"]
+    content: Text
+
+
+Metadata = dict[Annotated[Text, Field(max_length=64)], Annotated[Text, Field(max_length=512)]]
+
+
+class JobSpec(SamplingSpec):
+    """``POST /v1/jobs``: a ``prompt`` or chat ``messages``, sampling parameters and bookkeeping."""
+
+    prompt: Text | None = Field(None, min_length=1, description="raw text, passed to the model as is")
+    messages: list[ChatMessage] | None = Field(
+        None, min_length=1, description="a chat; the model's chat template is applied"
+    )
+    model: str | None = Field(None, description="must name the served model when given")
+    priority: int = Field(0, ge=-100, le=100, description="lower runs first")
+    metadata: Metadata = Field(default_factory=dict, max_length=16)
+    webhook_url: HttpUrl | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one_input(self) -> Self:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give exactly one of 'prompt' or 'messages'")
+        return self

@@ -1,0 +1,101 @@
+"""The worker's conditional writes on the real PostgreSQL: a stale run can never overwrite a newer one."""
+
+from collections.abc import Iterator
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import update
+
+from core.db import make_engine, make_sessionmaker
+from core.models import Job, Worker, utcnow
+from core.settings import Settings
+from core.states import JobStatus
+from worker.store import JobStore, Progress
+
+
+@pytest.fixture
+def store(service_settings: Settings) -> Iterator[JobStore]:
+    engine = make_engine(service_settings)
+    yield JobStore(make_sessionmaker(engine), "tiny")
+    engine.dispose()
+
+
+def add_job(store: JobStore) -> str:
+    with store.sessions.begin() as session:
+        job = Job(model="tiny", prompt_token_ids=[1, 2, 3], params={"max_tokens": 4}, published_at=utcnow())
+        session.add(job)
+        session.flush()
+        return job.id
+
+
+def get(store: JobStore, job_id: str) -> Job:
+    with store.sessions() as session:
+        return session.get_one(Job, job_id)
+
+
+def test_a_job_is_claimed_once(store: JobStore) -> None:
+    job_id = add_job(store)
+    first = store.claim(job_id, "w1")
+    assert first is not None and first.attempt == 1 and first.prompt_token_ids == [1, 2, 3]
+    assert store.claim(job_id, "w2") is None
+    assert get(store, job_id).worker_id == "w1"
+
+
+def test_stale_attempt_cannot_overwrite_the_result_of_a_newer_one(store: JobStore) -> None:
+    job_id = add_job(store)
+    stale = store.claim(job_id, "w1")
+    store.heartbeat("w1", {})
+    with store.sessions.begin() as session:  # w1 falls silent
+        session.execute(update(Worker).values(heartbeat_at=utcnow() - timedelta(minutes=5)))
+    assert store.requeue_orphans(heartbeat_timeout=30) == [(job_id, 0)]
+    fresh = store.claim(job_id, "w2")
+    assert stale is not None and fresh is not None and fresh.attempt == stale.attempt + 1
+
+    done = Progress(job_id, fresh.attempt, "fresh", 1, token_times_ms=[1.0], status=JobStatus.SUCCEEDED)
+    assert store.write([done]) == set()
+    late = Progress(job_id, stale.attempt, "stale", 2, token_times_ms=[1.0, 2.0], status=JobStatus.FAILED)
+    assert store.write([late]) == {job_id}
+    assert store.requeue(job_id, stale.attempt) is None
+    job = get(store, job_id)
+    assert (job.status, job.output_text, job.completion_tokens) == ("succeeded", "fresh", 1)
+
+
+def test_orphan_with_a_pending_cancel_ends_cancelled_not_requeued(store: JobStore) -> None:
+    job_id = add_job(store)
+    store.claim(job_id, "gone")
+    with store.sessions.begin() as session:
+        session.execute(update(Job).values(cancel_requested=True))
+    assert store.requeue_orphans(heartbeat_timeout=30) == []
+    assert get(store, job_id).status == JobStatus.CANCELLED
+
+
+def test_only_queued_jobs_past_their_publish_age_are_republished(store: JobStore) -> None:
+    old, new = add_job(store), add_job(store)
+    with store.sessions.begin() as session:
+        minute_ago = utcnow() - timedelta(seconds=60)
+        session.execute(update(Job).where(Job.id == old).values(published_at=minute_ago))
+    assert store.republish_due(older_than=30) == [(old, 0)]
+    assert store.republish_due(older_than=30) == []  # stamped: not again until it ages
+    assert get(store, new).status == JobStatus.QUEUED
+
+
+def test_output_with_nul_is_stored_with_a_replacement_character(store: JobStore) -> None:
+    job_id = add_job(store)
+    run = store.claim(job_id, "w1")
+    assert run is not None
+    assert store.write([Progress(job_id, run.attempt, "a\x00b", 2, status=JobStatus.SUCCEEDED)]) == set()
+    assert get(store, job_id).output_text == "a\ufffdb"
+
+
+def test_a_row_the_database_refuses_fails_that_job_alone(store: JobStore) -> None:
+    good, bad = add_job(store), add_job(store)
+    runs = [store.claim(job_id, "w1") for job_id in (good, bad)]
+    assert all(runs)
+    progress = [
+        Progress(good, 1, "fine", 1, token_times_ms=[1.0], status=JobStatus.SUCCEEDED),
+        Progress(bad, 1, "odd", 1, token_times_ms=[float("nan")], status=JobStatus.SUCCEEDED),
+    ]
+    assert store.write(progress) == set()
+    assert get(store, good).status == JobStatus.SUCCEEDED and get(store, good).output_text == "fine"
+    failed = get(store, bad)
+    assert failed.status == JobStatus.FAILED and "could not be stored" in (failed.error or "")

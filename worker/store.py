@@ -1,0 +1,197 @@
+"""The worker's SQL: claim a job, write its progress and result, heartbeat, and find orphans.
+
+Every write to a job is conditional on the attempt that claimed it, so a stale duplicate run (a
+redelivered message, a worker presumed dead) can never overwrite what the current run wrote.
+"""
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import delete, or_, select, update
+from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.orm import Session, sessionmaker
+
+from core.models import Job, Worker, utcnow
+from core.states import JobStatus
+
+
+@dataclass(frozen=True)
+class ClaimedJob:
+    id: str
+    attempt: int
+    prompt_token_ids: list[int]
+    params: dict[str, Any]
+    priority: int
+
+
+@dataclass
+class Progress:
+    """What a run has produced so far; ``status`` is set once it is final."""
+
+    job_id: str
+    attempt: int
+    output_text: str = ""
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    token_times_ms: list[float] = field(default_factory=list)
+    started_at: datetime | None = None
+    first_token_at: datetime | None = None
+    status: JobStatus | None = None
+    finish_reason: str | None = None
+    error: str | None = None
+
+    def columns(self) -> dict[str, Any]:
+        values = {
+            # PostgreSQL text cannot hold NUL; a model that emits one gets U+FFFD in its place.
+            "output_text": self.output_text.replace("\x00", "\ufffd"),
+            "completion_tokens": self.completion_tokens,
+            "cached_tokens": self.cached_tokens,
+            "token_times_ms": self.token_times_ms,
+            "started_at": self.started_at,
+            "first_token_at": self.first_token_at,
+        }
+        if self.status is not None:
+            values |= {
+                "status": self.status,
+                "finish_reason": self.finish_reason,
+                "error": self.error,
+                "finished_at": utcnow(),
+            }
+        return values
+
+
+FRESH_RUN = {
+    "output_text": "",
+    "completion_tokens": 0,
+    "cached_tokens": 0,
+    "token_times_ms": [],
+    "started_at": None,
+    "first_token_at": None,
+    "finish_reason": None,
+    "error": None,
+}
+
+
+@dataclass
+class JobStore:
+    sessions: sessionmaker[Session]
+    model: str
+
+    def claim(self, job_id: str, worker_id: str) -> ClaimedJob | None:
+        """Take a queued job for a new attempt; None when it is not queued (done, cancelled, taken)."""
+        statement = (
+            update(Job)
+            .where(Job.id == job_id, Job.status == JobStatus.QUEUED, Job.cancel_requested.is_(False))
+            .values(status=JobStatus.RUNNING, attempt=Job.attempt + 1, worker_id=worker_id, **FRESH_RUN)
+            .returning(Job.attempt, Job.prompt_token_ids, Job.params, Job.priority)
+        )
+        with self.sessions.begin() as session:
+            row = session.execute(statement).one_or_none()
+        return None if row is None else ClaimedJob(job_id, *row)
+
+    def write(self, progress: list[Progress]) -> set[str]:
+        """Write progress (and results) of the runs this worker owns; returns the ids it no longer owns.
+
+        A row the database refuses (bad data, not a lost connection) fails that job alone, with the reason.
+        """
+        try:
+            with self.sessions.begin() as session:
+                return {
+                    p.job_id
+                    for p in progress
+                    if not self._write_one(session, p.job_id, p.attempt, p.columns())
+                }
+        except DBAPIError as error:
+            if isinstance(error, OperationalError) or error.connection_invalidated or len(progress) == 1:
+                raise
+        return set().union(*(self._write_alone(p) for p in progress))
+
+    def _write_alone(self, p: Progress) -> set[str]:
+        try:
+            return self.write([p])
+        except DBAPIError as error:
+            if isinstance(error, OperationalError) or error.connection_invalidated:
+                raise
+            failure = FRESH_RUN | {"status": JobStatus.FAILED, "finished_at": utcnow()}
+            failure["error"] = f"the result could not be stored: {error.orig!r}"[:2000]
+            with self.sessions.begin() as session:
+                return set() if self._write_one(session, p.job_id, p.attempt, failure) else {p.job_id}
+
+    @staticmethod
+    def _write_one(session: Session, job_id: str, attempt: int, values: dict[str, Any]) -> bool:
+        statement = (
+            update(Job)
+            .where(Job.id == job_id, Job.attempt == attempt, Job.status == JobStatus.RUNNING)
+            .values(**values)
+        )
+        return session.execute(statement).rowcount == 1
+
+    def requeue(self, job_id: str, attempt: int) -> int | None:
+        """Give a run back to the queue; returns the job's priority, or None if the run is not ours."""
+        statement = (
+            update(Job)
+            .where(Job.id == job_id, Job.attempt == attempt, Job.status == JobStatus.RUNNING)
+            .values(status=JobStatus.QUEUED, worker_id=None, published_at=utcnow())
+            .returning(Job.priority)
+        )
+        with self.sessions.begin() as session:
+            return session.execute(statement).scalar_one_or_none()
+
+    def cancel_requested(self, job_ids: list[str]) -> set[str]:
+        with self.sessions() as session:
+            query = select(Job.id).where(Job.id.in_(job_ids), Job.cancel_requested.is_(True))
+            return set(session.scalars(query))
+
+    # --- liveness ---
+
+    def heartbeat(self, worker_id: str, stats: dict[str, float]) -> None:
+        now = utcnow()
+        with self.sessions.begin() as session:
+            found = session.execute(
+                update(Worker).where(Worker.id == worker_id).values(heartbeat_at=now, stats=stats)
+            ).rowcount
+            if not found:
+                session.add(Worker(id=worker_id, model=self.model, heartbeat_at=now, stats=stats))
+
+    def remove_worker(self, worker_id: str) -> None:
+        with self.sessions.begin() as session:
+            session.execute(delete(Worker).where(Worker.id == worker_id))
+
+    # --- reconciliation ---
+
+    def requeue_orphans(self, heartbeat_timeout: float) -> list[tuple[str, int]]:
+        """Running jobs whose worker stopped heartbeating go back to the queue (or end, if cancelled)."""
+        now = utcnow()
+        live = select(Worker.id).where(Worker.heartbeat_at > now - timedelta(seconds=heartbeat_timeout))
+        orphaned = (Job.model == self.model, Job.status == JobStatus.RUNNING, Job.worker_id.not_in(live))
+        with self.sessions.begin() as session:
+            session.execute(
+                update(Job)
+                .where(*orphaned, Job.cancel_requested.is_(True))
+                .values(status=JobStatus.CANCELLED, finished_at=now, finish_reason="abort")
+            )
+            rows = session.execute(
+                update(Job)
+                .where(*orphaned)
+                .values(status=JobStatus.QUEUED, worker_id=None, published_at=now)
+                .returning(Job.id, Job.priority)
+            ).all()
+            session.execute(delete(Worker).where(Worker.heartbeat_at < now - timedelta(days=1)))
+        return [(job_id, priority) for job_id, priority in rows]
+
+    def republish_due(self, older_than: float) -> list[tuple[str, int]]:
+        """Queued jobs last published over ``older_than`` seconds ago: stamp them and return them."""
+        now = utcnow()
+        statement = (
+            update(Job)
+            .where(
+                Job.model == self.model,
+                Job.status == JobStatus.QUEUED,
+                or_(Job.published_at.is_(None), Job.published_at < now - timedelta(seconds=older_than)),
+            )
+            .values(published_at=now)
+            .returning(Job.id, Job.priority)
+        )
+        with self.sessions.begin() as session:
+            return [(job_id, priority) for job_id, priority in session.execute(statement).all()]
