@@ -1,0 +1,56 @@
+"""The API's entry point: ``create_app`` builds the FastAPI app for one served model."""
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+from fastapi import FastAPI
+
+from api.deps import Service
+from api.errors import install_error_handlers
+from api.metrics import Metrics
+from api.prompts import PromptEncoder
+from api.routes import health, jobs
+from api.waiting import JobWaiter
+from core.db import make_engine, make_sessionmaker
+from core.queue import make_celery, queue_name
+from core.settings import Settings
+
+DESCRIPTION = """Job-based LLM inference: submit a job, then read its result when it is done (or hold the
+request with `Prefer: wait=N`).
+
+Errors: a 422 has FastAPI's body, `{"detail": [{"type": ..., "loc": [...], "msg": ...}]}`, one item per
+problem; every other error is `{"detail": "what is wrong"}`."""
+
+
+def create_app(settings: Settings, model_dir: Path) -> FastAPI:
+    service = build_service(settings, model_dir)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        await service.waiter.close()
+        service.engine.dispose()
+
+    app = FastAPI(title="pagedq", version="0.1.0", description=DESCRIPTION, lifespan=lifespan)
+    app.state.service = service
+    app.include_router(jobs.router)
+    app.include_router(health.router)
+    install_error_handlers(app)
+    return app
+
+
+def build_service(settings: Settings, model_dir: Path) -> Service:
+    engine = make_engine(settings)
+    sessions = make_sessionmaker(engine)
+    celery = make_celery(settings)
+    queue = queue_name(settings.served_model_name)
+    return Service(
+        settings=settings,
+        engine=engine,
+        sessions=sessions,
+        celery=celery,
+        prompts=PromptEncoder(model_dir, settings.max_model_len),
+        waiter=JobWaiter(sessions),
+        metrics=Metrics(sessions, celery, queue, settings.heartbeat_timeout),
+    )

@@ -1,0 +1,37 @@
+"""What every request needs, built once per app and handed to the routes as a dependency."""
+
+from dataclasses import dataclass
+from typing import Annotated
+
+from celery import Celery
+from fastapi import Depends, Request
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session, sessionmaker
+
+from api.metrics import Metrics
+from api.prompts import PromptEncoder
+from api.waiting import JobWaiter
+from core.queue import queue_name
+from core.settings import Settings
+
+
+@dataclass
+class Service:
+    settings: Settings
+    engine: Engine
+    sessions: sessionmaker[Session]
+    celery: Celery
+    prompts: PromptEncoder
+    waiter: JobWaiter
+    metrics: Metrics
+
+    @property
+    def queue(self) -> str:
+        return queue_name(self.settings.served_model_name)
+
+
+def get_service(request: Request) -> Service:
+    return request.app.state.service
+
+
+ServiceDep = Annotated[Service, Depends(get_service)]

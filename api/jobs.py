@@ -1,0 +1,147 @@
+"""The queries behind the job routes. They block (database, broker): async routes run them in a thread."""
+
+import hashlib
+import json
+import logging
+
+from fastapi import HTTPException
+from sqlalchemy import select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from api.deps import Service
+from api.errors import invalid, job_not_found
+from api.prompts import PromptError
+from core.models import Job, utcnow
+from core.queue import publish_job
+from core.spec import JobSpec
+from core.states import TERMINAL, JobStatus
+
+logger = logging.getLogger(__name__)
+
+
+def submit(service: Service, spec: JobSpec, idempotency_key: str | None) -> tuple[Job, bool]:
+    """The job for ``spec``, and whether it is new (False: an earlier request with the same key made it).
+
+    The row is committed before its id is published, so a worker never receives an id it cannot load.
+    """
+    job = _new_job(service, spec, idempotency_key)
+    with service.sessions() as session:
+        session.add(job)
+        try:
+            session.commit()
+        except IntegrityError:
+            session.rollback()
+            if idempotency_key is None:
+                raise
+            return _earlier(session, idempotency_key, job.request_hash), False
+    _publish(service, job)
+    return job, True
+
+
+def _new_job(service: Service, spec: JobSpec, idempotency_key: str | None) -> Job:
+    served = service.settings.served_model_name
+    if spec.model is not None and spec.model != served:
+        message = f"model {spec.model!r} is not served here; this service serves {served!r}"
+        raise invalid(("body", "model"), message, "model_not_served")
+    try:
+        token_ids = service.prompts.encode(spec)
+    except PromptError as error:
+        raise invalid(("body", error.field), str(error), "prompt") from error
+    now = utcnow()
+    return Job(
+        status=JobStatus.QUEUED,
+        model=served,
+        priority=spec.priority,
+        prompt=spec.prompt,
+        messages=[message.model_dump() for message in spec.messages] if spec.messages else None,
+        prompt_token_ids=token_ids,
+        prompt_tokens=len(token_ids),
+        params=spec.engine_params(),
+        meta=spec.metadata,
+        webhook_url=str(spec.webhook_url) if spec.webhook_url else None,
+        idempotency_key=idempotency_key,
+        request_hash=request_hash(spec) if idempotency_key else None,
+        queued_at=now,
+        published_at=now,
+    )
+
+
+def request_hash(spec: JobSpec) -> str:
+    """sha256 of the canonical body: defaults filled in, keys sorted, so equal requests hash equal."""
+    body = json.dumps(spec.model_dump(mode="json"), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(body.encode()).hexdigest()
+
+
+def _earlier(session: Session, key: str, request_hash: str | None) -> Job:
+    job = session.scalar(select(Job).where(Job.idempotency_key == key))
+    if job is None:
+        raise RuntimeError(f"insert failed on a unique constraint, but no job has Idempotency-Key {key!r}")
+    if job.request_hash != request_hash:
+        raise invalid(
+            ("header", "Idempotency-Key"),
+            f"Idempotency-Key {key!r} was already used for job {job.id} with a different request body",
+            "idempotency_key_reused",
+        )
+    return job
+
+
+def _publish(service: Service, job: Job) -> None:
+    try:
+        publish_job(service.celery, job.id, service.queue, job.priority)
+    except Exception as error:  # the worker's reconciler republishes queued jobs without a live message
+        logger.warning("job %s is queued but publishing it failed; it will be republished: %s", job.id, error)
+
+
+def get(service: Service, job_id: str) -> Job:
+    with service.sessions() as session:
+        if job := session.get(Job, job_id):
+            return job
+    raise job_not_found(job_id)
+
+
+def page(
+    service: Service, limit: int, after: str | None, statuses: list[JobStatus], metadata: dict[str, str]
+) -> tuple[list[Job], bool]:
+    """Up to ``limit`` jobs older than the cursor ``after``, newest first, and whether more follow."""
+    query = select(Job).order_by(Job.id.desc()).limit(limit + 1)
+    if after is not None:
+        query = query.where(Job.id < after)  # ids are time-ordered
+    if statuses:
+        query = query.where(Job.status.in_(statuses))
+    for key, value in metadata.items():
+        query = query.where(Job.meta[key].as_string() == value)
+    with service.sessions() as session:
+        jobs = list(session.scalars(query))
+    return jobs[:limit], len(jobs) > limit
+
+
+def cancel(service: Service, job_id: str) -> tuple[Job, bool]:
+    """Cancels a queued job at once (True); asks the worker running it to abort (False)."""
+    with service.sessions() as session:
+        for _ in range(3):  # the job may move between the conditional updates (claimed, requeued)
+            cancelled = {"status": JobStatus.CANCELLED, "finished_at": utcnow()}
+            if _update_if(session, job_id, JobStatus.QUEUED, cancelled):
+                return _reload(session, job_id), True
+            if _update_if(session, job_id, JobStatus.RUNNING, {"cancel_requested": True}):
+                return _reload(session, job_id), False
+            job = _reload(session, job_id)
+            if job.status in TERMINAL:
+                raise HTTPException(409, f"job {job_id} is already {job.status}; there is nothing to cancel")
+    raise HTTPException(409, f"job {job_id} kept changing state; retry the cancellation")
+
+
+def _update_if(session: Session, job_id: str, status: JobStatus, values: dict[str, object]) -> bool:
+    result = session.execute(
+        update(Job).where(Job.id == job_id, Job.status == status).values(values),
+        execution_options={"synchronize_session": False},
+    )
+    session.commit()
+    return result.rowcount == 1  # type: ignore[attr-defined]
+
+
+def _reload(session: Session, job_id: str) -> Job:
+    job = session.get(Job, job_id, populate_existing=True)
+    if job is None:
+        raise job_not_found(job_id)
+    return job

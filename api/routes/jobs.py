@@ -1,0 +1,146 @@
+"""``/v1/jobs``: submit, read, list and cancel jobs."""
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Header, Query, Request, Response
+from starlette.concurrency import run_in_threadpool
+
+from api import jobs
+from api.deps import Service, ServiceDep
+from api.schemas import ErrorOut, InvalidOut, JobList, JobOut
+from api.waiting import wait_preference
+from core.models import Job
+from core.spec import JobSpec
+from core.states import TERMINAL, JobStatus
+
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+
+Responses = dict[int | str, dict[str, Any]]
+COMMON: Responses = {
+    422: {"model": InvalidOut, "description": "Invalid request"},
+    503: {"model": ErrorOut, "description": "The database is unavailable"},
+}
+NOT_FOUND: Responses = {404: {"model": ErrorOut, "description": "No job has this id"}, **COMMON}
+LOCATION = {"Location": {"description": "the job's URL", "schema": {"type": "string"}}}
+APPLIED = {
+    "Preference-Applied": {"description": "`wait=N` when a wait was honoured", "schema": {"type": "string"}}
+}
+
+IdempotencyKey = Annotated[
+    str | None,
+    Header(
+        alias="Idempotency-Key",
+        max_length=255,
+        description="Retrying with the same key and body returns the first job (200) instead of a new "
+        "one; the same key with a different body is a 422.",
+    ),
+]
+Prefer = Annotated[
+    str | None,
+    Header(
+        alias="Prefer",
+        description="`wait=N`: hold the answer up to N seconds (capped by the server's max_wait_seconds) "
+        "and return the finished job with 200 if it finishes by then, else 202.",
+    ),
+]
+
+
+@router.post(
+    "",
+    status_code=202,
+    summary="Submit a job",
+    responses={
+        202: {
+            "description": "Queued (or still running after a `Prefer: wait`)",
+            "headers": LOCATION | APPLIED,
+        },
+        200: {
+            "model": JobOut,
+            "description": "Finished within `Prefer: wait`, or the job an earlier request with this "
+            "Idempotency-Key created",
+            "headers": LOCATION | APPLIED,
+        },
+        **COMMON,
+        422: {
+            "model": InvalidOut,
+            "description": "Invalid body, prompt longer than the context, wrong model, key reused",
+        },
+    },
+)
+async def submit_job(
+    spec: JobSpec,
+    response: Response,
+    service: ServiceDep,
+    idempotency_key: IdempotencyKey = None,
+    prefer: Prefer = None,
+) -> JobOut:
+    job, created = await run_in_threadpool(jobs.submit, service, spec, idempotency_key)
+    response.headers["Location"] = f"{router.prefix}/{job.id}"
+    wait = wait_preference(prefer, service.settings.max_wait_seconds)
+    if wait is not None:
+        response.headers["Preference-Applied"] = f"wait={wait:g}"
+        job = await _wait_for(service, job, wait)
+    response.status_code = 202 if created and job.status not in TERMINAL else 200
+    return JobOut.of(job)
+
+
+async def _wait_for(service: Service, job: Job, seconds: float) -> Job:
+    if job.status in TERMINAL or not await service.waiter.wait(job.id, seconds):
+        return job
+    return await run_in_threadpool(jobs.get, service, job.id)
+
+
+@router.get(
+    "/{job_id}",
+    summary="Read a job: status, output (partial while running), usage, timings",
+    responses=NOT_FOUND,
+)
+def get_job(job_id: str, service: ServiceDep) -> JobOut:
+    return JobOut.of(jobs.get(service, job_id))
+
+
+LIST_DESCRIPTION = """Newest first, a page at a time: pass the `next_cursor` of a page as `after` to get the
+next one.
+
+Filter by metadata with query parameters named `metadata.<key>`: `?metadata.user=ann&metadata.batch=7`
+returns the jobs whose metadata has `user` equal to `ann` and `batch` equal to `7` (exact string match).
+`status` may be repeated: `?status=queued&status=running`."""
+
+
+@router.get("", summary="List jobs", description=LIST_DESCRIPTION, responses=COMMON)
+def list_jobs(
+    request: Request,
+    service: ServiceDep,
+    limit: Annotated[int, Query(ge=1, le=1000, description="jobs per page")] = 50,
+    after: Annotated[str | None, Query(description="a `next_cursor`: jobs older than it")] = None,
+    status: Annotated[list[JobStatus] | None, Query(description="only jobs in these states")] = None,
+) -> JobList:
+    metadata = {
+        key.removeprefix("metadata."): value
+        for key, value in request.query_params.multi_items()
+        if key.startswith("metadata.")
+    }
+    page, has_more = jobs.page(service, limit, after, status or [], metadata)
+    return JobList(
+        data=[JobOut.of(job) for job in page],
+        has_more=has_more,
+        next_cursor=page[-1].id if has_more else None,
+    )
+
+
+@router.post(
+    "/{job_id}/cancel",
+    summary="Cancel a job",
+    description="A queued job is cancelled at once (200). A running job is asked to stop (202): its worker "
+    "aborts it within a second or so and records it as cancelled, keeping the partial output.",
+    responses={
+        200: {"description": "Cancelled"},
+        202: {"model": JobOut, "description": "Cancellation requested; the worker stops it shortly"},
+        409: {"model": ErrorOut, "description": "Already finished"},
+        **NOT_FOUND,
+    },
+)
+def cancel_job(job_id: str, response: Response, service: ServiceDep) -> JobOut:
+    job, cancelled = jobs.cancel(service, job_id)
+    response.status_code = 200 if cancelled else 202
+    return JobOut.of(job)
