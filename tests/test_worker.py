@@ -1,0 +1,144 @@
+"""The worker against the real PostgreSQL, Redis and Celery: results, batching, cancellation, faults."""
+
+import signal
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import redis
+
+from core.queue import queue_name
+from core.settings import Settings
+from tests.jobs_client import Database, api_client, start_worker, submit
+from tests.services import Process, wait_for
+from worker.engine import LLM, SamplingParams
+
+PROMPTS = [f"The quick brown fox {i} jumps over" for i in range(100)]
+
+
+@pytest.fixture
+def db(service_settings: Settings) -> Iterator[Database]:
+    database = Database(service_settings)
+    yield database
+    database.close()
+
+
+@pytest.fixture
+def workers(service_settings: Settings, db: Database, tmp_path: Path) -> Iterator[list[Process]]:
+    """The workers a test spawned; all are stopped at its end."""
+    started: list[Process] = []
+    yield started
+    for worker in started:
+        worker.stop()
+
+
+def spawn(settings: Settings, db: Database, workers: list[Process], tmp_path: Path, **overrides: object):
+    worker = start_worker(settings.model_copy(update=overrides), db, tmp_path / f"worker{len(workers)}.log")
+    workers.append(worker)
+    return worker
+
+
+def submit_greedy(client, prompt: str, max_tokens: int) -> str:
+    return submit(client, prompt=prompt, max_tokens=max_tokens, temperature=0, ignore_eos=True)
+
+
+def greedy(settings: Settings, prompts: list[str], max_tokens: int) -> list[str]:
+    llm = LLM(settings.model, device="cpu", dtype="float32", kv_cache_bytes=64 * 2**20)
+    outputs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True))
+    return [out.outputs[0].text.replace("\x00", "\ufffd") for out in outputs]  # as the database stores it
+
+
+def test_job_result_matches_the_engine_and_has_one_timing_per_token(service_settings, db, workers, tmp_path):
+    spawn(service_settings, db, workers, tmp_path)
+    with api_client(service_settings) as client:
+        job_id = submit_greedy(client, PROMPTS[0], 24)
+        [job] = db.wait_until([job_id], {"succeeded"}, timeout=60)
+        body = client.get(f"/v1/jobs/{job_id}").json()
+    assert job.output_text == greedy(service_settings, PROMPTS[:1], 24)[0]
+    assert job.completion_tokens == 24 == len(job.token_times_ms)
+    assert job.token_times_ms == sorted(job.token_times_ms) and job.token_times_ms[0] >= 0
+    assert job.queued_at <= job.started_at <= job.first_token_at <= job.finished_at
+    assert job.attempt == 1 and job.finish_reason == "length"
+    assert body["status"] == "succeeded" and body["timings"]["token_times_ms"] == job.token_times_ms
+
+
+def test_hundred_concurrent_jobs_batch_together_in_one_engine(service_settings, db, workers, tmp_path):
+    worker = spawn(service_settings, db, workers, tmp_path)
+    with api_client(service_settings) as client, ThreadPoolExecutor(8) as pool:
+        ids = list(pool.map(lambda p: submit_greedy(client, p, 16), PROMPTS))
+    jobs = db.wait_until(ids, {"succeeded"}, timeout=180)
+    assert [job.output_text for job in jobs] == greedy(service_settings, PROMPTS, 16)
+    stats = db.worker_stats(worker.popen.pid)
+    assert stats is not None and stats["peak_running"] > 1, stats
+
+
+def test_cancelling_a_running_job_aborts_it_and_keeps_its_partial_output(
+    service_settings, db, workers, tmp_path
+):
+    worker = spawn(service_settings, db, workers, tmp_path)
+    with api_client(service_settings) as client:
+        job_id = submit_greedy(client, PROMPTS[0], 900)
+        wait_for(lambda: db.jobs([job_id])[0].completion_tokens > 0, 60, "partial output to be flushed")
+        assert client.post(f"/v1/jobs/{job_id}/cancel").status_code == 202
+        [job] = db.wait_until([job_id], {"cancelled"}, timeout=1.5)
+    assert 0 < job.completion_tokens < 900 and job.output_text
+    assert len(job.token_times_ms) == job.completion_tokens
+    wait_for(
+        lambda: (
+            (s := db.worker_stats(worker.popen.pid)) and s["num_running"] == 0 and s["kv_cache_usage"] == 0
+        ),
+        5,
+        "the engine to free the job's KV blocks",
+    )
+
+
+def test_killed_worker_loses_no_job_and_every_job_succeeds_once(service_settings, db, workers, tmp_path):
+    first = spawn(service_settings, db, workers, tmp_path, max_num_seqs=8)
+    prompts = PROMPTS[:50]
+    with api_client(service_settings) as client:
+        ids = [submit_greedy(client, p, 48) for p in prompts]
+    wait_for(lambda: sum(j.status == "succeeded" for j in db.jobs(ids)) >= 5, 120, "some jobs to finish")
+    first.kill()
+    killed_running = {j.id for j in db.jobs(ids) if j.status == "running"}
+    assert killed_running, "the kill should land while jobs are running"
+    spawn(service_settings, db, workers, tmp_path, max_num_seqs=8)
+    jobs = db.wait_until(ids, {"succeeded"}, timeout=240)
+    assert [job.output_text for job in jobs] == greedy(service_settings, prompts, 48)
+    assert all(job.completion_tokens == 48 == len(job.token_times_ms) for job in jobs)
+    assert {j.id for j in jobs if j.attempt == 2} >= killed_running
+
+
+def test_sigterm_requeues_jobs_that_outlast_the_grace_period(service_settings, db, workers, tmp_path):
+    first = spawn(service_settings, db, workers, tmp_path, shutdown_grace=0.5)
+    with api_client(service_settings) as client:
+        job_id = submit_greedy(client, PROMPTS[0], 900)
+    wait_for(lambda: db.jobs([job_id])[0].completion_tokens > 0, 60, "the job to start")
+    first.signal(signal.SIGTERM)
+    assert first.popen.wait(30) == 0, first.log()[-3000:]
+    [job] = db.jobs([job_id])
+    assert job.status == "queued" and job.attempt == 1 and job.worker_id is None
+    spawn(service_settings, db, workers, tmp_path)
+    [job] = db.wait_until([job_id], {"succeeded"}, timeout=120)
+    assert job.attempt == 2 and job.completion_tokens == 900
+
+
+def test_sigterm_lets_short_jobs_finish_within_the_grace_period(service_settings, db, workers, tmp_path):
+    first = spawn(service_settings, db, workers, tmp_path, shutdown_grace=30)
+    with api_client(service_settings) as client:
+        ids = [submit(client, prompt=p, max_tokens=200, ignore_eos=True) for p in PROMPTS[:4]]
+    wait_for(lambda: all(j.status == "running" for j in db.jobs(ids)), 60, "the jobs to start")
+    first.signal(signal.SIGTERM)
+    assert first.popen.wait(60) == 0, first.log()[-3000:]
+    assert all(job.status == "succeeded" and job.attempt == 1 for job in db.jobs(ids))
+
+
+def test_queued_job_whose_message_was_lost_is_republished(service_settings, db, workers, tmp_path):
+    with api_client(service_settings) as client:
+        job_id = submit(client, prompt=PROMPTS[0], max_tokens=8)
+    broker = redis.Redis.from_url(service_settings.resolved_broker_url)
+    lost = broker.keys(queue_name(service_settings.served_model_name) + "*")
+    assert lost and broker.delete(*lost) >= 1
+    spawn(service_settings, db, workers, tmp_path)
+    [job] = db.wait_until([job_id], {"succeeded"}, timeout=60)
+    assert job.attempt == 1

@@ -1,0 +1,88 @@
+"""The worker process: one engine, a Celery consumer of its model's queue, and the reconciler.
+
+Celery runs with the threads pool: there is no fork, so CUDA is initialised once, in this process,
+and every job in flight feeds the same engine.
+"""
+
+import logging
+import os
+import socket
+import threading
+
+from celery import Celery
+from celery.exceptions import Reject
+from celery.signals import worker_shutting_down
+
+from core.db import make_engine, make_sessionmaker
+from core.queue import RUN_JOB_TASK, make_celery, publish_job, queue_depth, queue_name
+from core.settings import Settings
+from worker.engine import EngineConfig, LLMEngine
+from worker.host import EngineHost, RunResult
+from worker.reconciler import Reconciler
+from worker.store import JobStore
+
+logger = logging.getLogger("pagedq.worker")
+
+
+def build_engine(settings: Settings) -> LLMEngine:
+    return LLMEngine(
+        EngineConfig(
+            model=settings.model,
+            dtype=settings.dtype,
+            device=settings.device,
+            block_size=settings.block_size,
+            max_num_seqs=settings.max_num_seqs,
+            max_num_batched_tokens=settings.max_num_batched_tokens,
+            max_model_len=settings.max_model_len,
+            enable_prefix_caching=settings.enable_prefix_caching,
+            gpu_memory_utilization=settings.gpu_memory_utilization,
+            kv_cache_bytes=settings.kv_cache_bytes,
+        )
+    )
+
+
+def register_run_job(app: Celery, host: EngineHost) -> None:
+    @app.task(name=RUN_JOB_TASK)
+    def run_job(job_id: str) -> None:
+        if host.run(job_id) is RunResult.REFUSED:
+            raise Reject("the worker is shutting down", requeue=True)
+
+
+def run_worker(settings: Settings) -> None:
+    worker_id = f"{socket.gethostname()}:{os.getpid()}"
+    queue = queue_name(settings.served_model_name)
+    app = make_celery(settings)
+
+    def publish(job_id: str, priority: int) -> None:
+        publish_job(app, job_id, queue, priority)
+
+    store = JobStore(make_sessionmaker(make_engine(settings)), settings.served_model_name)
+    host = EngineHost(build_engine(settings), store, publish, worker_id, settings.flush_interval)
+    register_run_job(app, host)
+    reconciler = Reconciler(
+        store, publish, lambda: queue_depth(app, queue), settings.heartbeat_timeout, settings.requeue_after
+    )
+    stop_reconciling = threading.Event()
+    worker_shutting_down.connect(lambda **_: host.drain(settings.shutdown_grace), weak=False)
+    host.start()
+    threading.Thread(
+        target=reconciler.run, args=(settings.reconcile_interval, stop_reconciling), daemon=True
+    ).start()
+    logger.info("worker ready", extra={"worker_id": worker_id, "queue": queue})
+    try:
+        app.worker_main(
+            [
+                "worker",
+                "--pool=threads",
+                f"--concurrency={settings.jobs_held_per_worker}",
+                f"--queues={queue}",
+                f"--hostname=pagedq-{os.getpid()}@%h",
+                f"--loglevel={settings.log_level}",
+                "--without-gossip",
+                "--without-mingle",
+            ]
+        )
+    finally:
+        stop_reconciling.set()
+        host.stop()
+        logger.info("worker stopped", extra={"worker_id": worker_id})
