@@ -14,7 +14,7 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 run: setup
-	$(VENV)/bin/pagedq generate --chat "What is paged attention? Answer in two sentences." "Write a haiku about GPUs."
+	$(VENV)/bin/pagedq up
 
 lint: setup
 	$(VENV)/bin/ruff check .
