@@ -5,6 +5,7 @@ import json
 import logging
 import os
 import sys
+from pathlib import Path
 
 from pythonjsonlogger.json import JsonFormatter
 
@@ -46,7 +47,49 @@ def build_parser() -> argparse.ArgumentParser:
 
     model = commands.add_parser("fetch-model", help="build the default model's Hugging Face directory once")
     model.set_defaults(func=run_fetch_model)
+
+    up = commands.add_parser("up", help="API and worker in one process tree, on SQLite and a local broker")
+    api = commands.add_parser("api", help="serve the REST API")
+    for serving in (up, api):
+        serving.add_argument("--host", help="default: $PAGEDQ_HOST or 127.0.0.1")
+        serving.add_argument("--port", type=int, help="default: $PAGEDQ_PORT or 8000")
+    up.set_defaults(func=run_service, service="up")
+    api.set_defaults(func=run_service, service="api")
+    worker = commands.add_parser("worker", help="run one engine that drains its model's queue")
+    worker.set_defaults(func=run_service, service="worker")
+    migrate = commands.add_parser("migrate", help="bring the database schema to the latest revision")
+    migrate.set_defaults(func=run_service, service="migrate")
+
+    submit = commands.add_parser("submit", help="submit a JSONL file of jobs, one POST /v1/jobs body a line")
+    submit.add_argument("file", type=Path, help="one JSON object a line; blank lines are skipped")
+    submit.add_argument("--wait", action="store_true", help="wait for every job and write its result")
+    submit.add_argument("--out", type=Path, help="write the JSONL (ids, or results with --wait) here")
+    submit.add_argument("--concurrency", type=positive, default=16, help="requests in flight at once")
+    submit.set_defaults(func=run_submit)
+    jobs = commands.add_parser("jobs", help="read, list and cancel jobs")
+    actions = jobs.add_subparsers(required=True, metavar="ACTION", dest="action")
+    get = actions.add_parser("get", help="print a job as JSON")
+    cancel = actions.add_parser("cancel", help="cancel a queued or running job")
+    for one in (get, cancel):
+        one.add_argument("id")
+    listing = actions.add_parser("list", help="list jobs, newest first")
+    listing.add_argument("--status", action="append", choices=STATUSES, help="repeat for several")
+    listing.add_argument("--limit", type=positive, default=20)
+    listing.add_argument("--after", help="the cursor a previous page printed")
+    listing.add_argument("--json", action="store_true", help="print one JSON object per job")
+    jobs.set_defaults(func=run_jobs)
+    for client in (submit, get, cancel, listing):
+        client.add_argument("--url", help="the API; default: $PAGEDQ_API_URL or http://127.0.0.1:8000")
     return parser
+
+
+STATUSES = ["queued", "running", "succeeded", "failed", "cancelled"]
+
+
+def positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return int(text)
 
 
 def run_generate(args: argparse.Namespace) -> int:
@@ -87,3 +130,35 @@ def run_fetch_model(args: argparse.Namespace) -> int:
 
     print(ensure_default_model())
     return 0
+
+
+def run_service(args: argparse.Namespace) -> int:
+    from core.settings import Settings
+    from pagedq import serve
+
+    overrides = {k: v for k in ("host", "port") if (v := getattr(args, k, None)) is not None}
+    settings = Settings(**overrides)
+    {"up": serve.up, "api": serve.serve_api, "worker": serve.serve_worker, "migrate": serve.migrate}[
+        args.service
+    ](settings)
+    return 0
+
+
+def run_submit(args: argparse.Namespace) -> int:
+    from pagedq.client import submit_file
+
+    return submit_file(args.file, api_url(args), wait=args.wait, out=args.out, concurrency=args.concurrency)
+
+
+def run_jobs(args: argparse.Namespace) -> int:
+    from pagedq import client
+
+    if args.action == "list":
+        return client.list_jobs(api_url(args), args.status or [], args.limit, args.after, args.json)
+    return {"get": client.get_job, "cancel": client.cancel_job}[args.action](api_url(args), args.id)
+
+
+def api_url(args: argparse.Namespace) -> str:
+    from core.settings import Settings
+
+    return args.url or Settings().api_url
