@@ -11,6 +11,7 @@ from api.errors import install_error_handlers
 from api.metrics import Metrics
 from api.prompts import PromptEncoder
 from api.routes import health, jobs
+from api.submitter import Submitter
 from api.waiting import JobWaiter
 from core.db import make_engine, make_sessionmaker
 from core.queue import make_celery, queue_name
@@ -52,5 +53,6 @@ def build_service(settings: Settings, model_dir: Path) -> Service:
         celery=celery,
         prompts=PromptEncoder(model_dir, settings.max_model_len),
         waiter=JobWaiter(sessions),
+        submitter=Submitter(sessions, celery, queue),
         metrics=Metrics(sessions, celery, queue, settings.heartbeat_timeout),
     )

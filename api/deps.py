@@ -10,6 +10,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from api.metrics import Metrics
 from api.prompts import PromptEncoder
+from api.submitter import Submitter
 from api.waiting import JobWaiter
 from core.queue import queue_name
 from core.settings import Settings
@@ -23,6 +24,7 @@ class Service:
     celery: Celery
     prompts: PromptEncoder
     waiter: JobWaiter
+    submitter: Submitter
     metrics: Metrics
 
     @property

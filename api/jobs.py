@@ -8,34 +8,39 @@ from fastapi import HTTPException
 from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
 
 from api.deps import Service
 from api.errors import invalid, job_not_found
 from api.prompts import PromptError
 from core.models import Job, utcnow
-from core.queue import publish_job
 from core.spec import JobSpec
 from core.states import TERMINAL, JobStatus
 
 logger = logging.getLogger(__name__)
 
 
-def submit(service: Service, spec: JobSpec, idempotency_key: str | None) -> tuple[Job, bool]:
+async def submit(service: Service, spec: JobSpec, idempotency_key: str | None) -> tuple[Job, bool]:
     """The job for ``spec``, and whether it is new (False: an earlier request with the same key made it).
 
     The row is committed before its id is published, so a worker never receives an id it cannot load.
     """
     job = _new_job(service, spec, idempotency_key)
+    if idempotency_key is None:
+        await service.submitter.submit(job)
+        return job, True
+    return await run_in_threadpool(_submit_once, service, job, idempotency_key)
+
+
+def _submit_once(service: Service, job: Job, idempotency_key: str) -> tuple[Job, bool]:
     with service.sessions() as session:
         session.add(job)
         try:
             session.commit()
         except IntegrityError:
             session.rollback()
-            if idempotency_key is None:
-                raise
             return _earlier(session, idempotency_key, job.request_hash), False
-    _publish(service, job)
+    service.submitter.publish(job)
     return job, True
 
 
@@ -84,13 +89,6 @@ def _earlier(session: Session, key: str, request_hash: str | None) -> Job:
             "idempotency_key_reused",
         )
     return job
-
-
-def _publish(service: Service, job: Job) -> None:
-    try:
-        publish_job(service.celery, job.id, service.queue, job.priority)
-    except Exception as error:  # the worker's reconciler republishes queued jobs without a live message
-        logger.warning("job %s is queued but publishing it failed; it will be republished: %s", job.id, error)
 
 
 def get(service: Service, job_id: str) -> Job:

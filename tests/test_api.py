@@ -13,7 +13,7 @@ import redis
 from fastapi.testclient import TestClient
 from openapi_spec_validator import validate
 from prometheus_client.parser import text_string_to_metric_families
-from sqlalchemy import select, update
+from sqlalchemy import event, select, update
 from sqlalchemy.orm import Session, sessionmaker
 from transformers import AutoTokenizer
 
@@ -192,6 +192,25 @@ def test_concurrent_submissions_with_one_key_create_one_job(
     assert len({r.json()["id"] for r in responses}) == 1
     with db() as session:
         assert len(session.scalars(select(Job.id)).all()) == 1
+
+
+def test_concurrent_submissions_share_commits_and_each_is_published(
+    client: TestClient, db: sessionmaker[Session], service_settings: Settings
+) -> None:
+    commits = []
+    engine = client.app.state.service.engine
+    event.listen(engine, "commit", lambda conn: commits.append(1))
+    with ThreadPoolExecutor(16) as pool:
+        responses = list(
+            pool.map(lambda i: client.post("/v1/jobs", json={"prompt": f"{PROMPT} {i}"}), range(64))
+        )
+
+    assert [r.status_code for r in responses] == [202] * 64
+    with db() as session:
+        stored = {job.id: job.prompt for job in session.scalars(select(Job))}
+    assert stored == {r.json()["id"]: f"{PROMPT} {i}" for i, r in enumerate(responses)}
+    assert _depth(service_settings) == 64
+    assert len(commits) < 64  # group commit: concurrent jobs shared transactions
 
 
 # --- bad input ---

@@ -74,7 +74,7 @@ async def submit_job(
     idempotency_key: IdempotencyKey = None,
     prefer: Prefer = None,
 ) -> JobOut:
-    job, created = await run_in_threadpool(jobs.submit, service, spec, idempotency_key)
+    job, created = await jobs.submit(service, spec, idempotency_key)
     response.headers["Location"] = f"{router.prefix}/{job.id}"
     wait = wait_preference(prefer, service.settings.max_wait_seconds)
     if wait is not None:

@@ -1,0 +1,186 @@
+"""What the job service adds on top of the engine, through real processes, Postgres and Redis.
+
+    python bench/service_overhead.py [--model DIR] [--seconds 10] [--concurrency 64] [--latency-jobs 200]
+
+Needs wrk (Debian: apt-get install wrk), PostgreSQL and Redis as the tests use them.
+1. Accepted jobs/s: ``pagedq api`` (one uvicorn process) takes concurrent single POSTs from wrk
+   (``--concurrency`` connections, ``--seconds`` long) while no worker runs, so the number is the
+   API's alone. Baseline in the same run: wrk against ``GET /healthz``, the HTTP floor of this stack.
+2. Queue-to-engine latency: a ``pagedq worker`` on an idle engine; ``--latency-jobs`` jobs with
+   ``max_tokens=1`` submitted one at a time (``Prefer: wait``); latency = started_at − queued_at
+   (row committed → first scheduled by the engine), p50 and p99. Baseline: the same request through
+   ``LLMEngine`` directly (add_request → first scheduled).
+Targets (2-core machine): >= 500 accepted jobs/s, p50 queue-to-engine latency < 50 ms.
+"""
+
+import argparse
+import os
+import platform
+import re
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import psycopg
+import redis
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from core.queue import queue_name  # noqa: E402
+from core.settings import Settings  # noqa: E402
+from migrations import upgrade  # noqa: E402
+
+ADMIN_URL = os.environ.get("PAGEDQ_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres")
+DATABASE = "pagedq_bench"
+TARGET_ACCEPTED_PER_S, TARGET_P50_MS = 500.0, 50.0
+
+
+def fresh_settings(model: str) -> Settings:
+    with psycopg.connect(ADMIN_URL, autocommit=True) as admin:
+        admin.execute(f"DROP DATABASE IF EXISTS {DATABASE} WITH (FORCE)")
+        admin.execute(f"CREATE DATABASE {DATABASE}")
+    base = ADMIN_URL.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://", 1)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    settings = Settings(
+        database_url=f"{base}/{DATABASE}", broker_url="redis://127.0.0.1:6379/14", model=model, port=port
+    )
+    upgrade(settings)
+    redis.Redis.from_url(settings.resolved_broker_url).flushdb()
+    return settings
+
+
+def start(command: str, settings: Settings, log: Path) -> subprocess.Popen[bytes]:
+    env = dict(os.environ, PAGEDQ_LOG_LEVEL="WARNING")
+    env |= {f"PAGEDQ_{k.upper()}": str(v) for k, v in settings.model_dump(exclude_unset=True).items()}
+    return subprocess.Popen(
+        [sys.executable, "-m", "pagedq", command], env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT
+    )
+
+
+def wait_ready(url: str, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url + "/readyz").status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    raise SystemExit(f"the API at {url} did not become ready in {timeout}s")
+
+
+WRK_POST = """wrk.method = "POST"
+wrk.body = '{"prompt": "Summarise: the quick brown fox jumps over the lazy dog.", "max_tokens": 1}'
+wrk.headers["Content-Type"] = "application/json"
+"""
+
+
+def hammer(url: str, seconds: int, connections: int, post_jobs: bool, logs: Path) -> float:
+    """Requests/s from wrk (a C load generator: a Python client would be the bottleneck); all must be 2xx."""
+    script = logs / "post.lua"
+    script.write_text(WRK_POST)
+    path = "/v1/jobs" if post_jobs else "/healthz"
+    command = ["wrk", "-t1", f"-c{connections}", f"-d{seconds}s", url + path]
+    if post_jobs:
+        command[1:1] = ["-s", str(script)]
+    out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+    if "Non-2xx" in out or "Socket errors" in out:
+        raise SystemExit(f"wrk saw failed requests:\n{out}")
+    return float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
+
+
+def queue_latencies(url: str, n: int) -> list[float]:
+    latencies = []
+    with httpx.Client(base_url=url, timeout=60) as client:
+        for i in range(n + 5):
+            body = {"prompt": f"Say {i}.", "max_tokens": 1}
+            job = client.post("/v1/jobs", json=body, headers={"Prefer": "wait=30"}).json()
+            assert job["status"] == "succeeded", job
+            if i >= 5:  # the first few warm the worker's caches
+                latencies.append(job["timings"]["queue_time_ms"])
+    return latencies
+
+
+def engine_latencies(model: str, n: int) -> list[float]:
+    from worker.engine import EngineConfig, LLMEngine, SamplingParams
+
+    engine = LLMEngine(EngineConfig(model=model))
+    latencies = []
+    for i in range(n + 5):
+        start = time.monotonic()
+        engine.add_request(str(i), f"Say {i}.", SamplingParams(max_tokens=1))
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                if out.finished and i >= 5:
+                    latencies.append((out.metrics.first_scheduled_time - start) * 1000)
+    return latencies
+
+
+def percentile(values: list[float], q: float) -> float:
+    return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--seconds", type=int, default=10, help="length of each wrk run")
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--latency-jobs", type=int, default=200)
+    args = parser.parse_args()
+
+    settings = fresh_settings(args.model)
+    url = f"http://127.0.0.1:{settings.port}"
+    logs = Path(tempfile.mkdtemp(prefix="pagedq-bench-"))
+    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; logs in {logs}")
+
+    api = start("api", settings, logs / "api.log")
+    try:
+        wait_ready(url)
+        health = hammer(url, args.seconds, args.concurrency, post_jobs=False, logs=logs)
+        accepted = hammer(url, args.seconds, args.concurrency, post_jobs=True, logs=logs)
+        queue = queue_name(settings.served_model_name)
+        broker = redis.Redis.from_url(settings.resolved_broker_url)
+        broker.delete(*broker.keys(queue + "*"))  # nobody will run those jobs
+        with psycopg.connect(ADMIN_URL.rsplit("/", 1)[0] + f"/{DATABASE}", autocommit=True) as db:
+            db.execute("UPDATE jobs SET status = 'cancelled' WHERE status = 'queued'")
+
+        worker = start("worker", settings, logs / "worker.log")
+        try:
+            latencies = queue_latencies(url, args.latency_jobs)
+        finally:
+            worker.terminate()
+            worker.wait(60)
+    finally:
+        api.terminate()
+        api.wait(60)
+    direct = engine_latencies(args.model, args.latency_jobs)
+
+    p50, p99 = percentile(latencies, 50), percentile(latencies, 99)
+    print(
+        f"accepted jobs/s: {accepted:.0f} "
+        f"(GET /healthz: {health:.0f}/s; jobs / healthz = {accepted / health:.2f}x)"
+    )
+    print(
+        f"  target >= {TARGET_ACCEPTED_PER_S:.0f}/s: {accepted / TARGET_ACCEPTED_PER_S:.2f}x of target, "
+        f"{'PASS' if accepted >= TARGET_ACCEPTED_PER_S else 'MISS'}"
+    )
+    print(
+        f"queue-to-engine latency over {len(latencies)} jobs: p50 {p50:.1f} ms, p99 {p99:.1f} ms "
+        f"(engine alone: p50 {percentile(direct, 50):.2f} ms)"
+    )
+    print(
+        f"  target p50 < {TARGET_P50_MS:.0f} ms: p50 / target = {p50 / TARGET_P50_MS:.2f}, "
+        f"{'PASS' if p50 < TARGET_P50_MS else 'MISS'}"
+    )
+
+
+if __name__ == "__main__":
+    main()
