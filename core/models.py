@@ -5,7 +5,7 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, DateTime, Index, String, Text, TypeDecorator
+from sqlalchemy import JSON, DateTime, ForeignKey, Index, LargeBinary, String, Text, TypeDecorator
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -33,9 +33,25 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+def time_ordered_id(prefix: str) -> str:
+    """48 bits of milliseconds then 80 random bits, so id order is creation order."""
+    return f"{prefix}{int(time.time() * 1000):012x}{os.urandom(10).hex()}"
+
+
 def new_job_id() -> str:
-    """Time-ordered ids (48 bits of milliseconds, 80 random bits), so id order is creation order."""
-    return f"job_{int(time.time() * 1000):012x}{os.urandom(10).hex()}"
+    return time_ordered_id("job_")
+
+
+def new_batch_id() -> str:
+    return time_ordered_id("batch_")
+
+
+def new_file_id() -> str:
+    return time_ordered_id("file-")
+
+
+def new_delivery_id() -> str:
+    return time_ordered_id("msg_")
 
 
 class Base(DeclarativeBase):
@@ -55,8 +71,15 @@ class Job(Base):
     params: Mapped[dict[str, Any]] = mapped_column(JSONType)  # the engine's SamplingParams
     meta: Mapped[dict[str, str]] = mapped_column("metadata", JSONType, default=dict)
     webhook_url: Mapped[str | None] = mapped_column(Text)
+    webhook_events: Mapped[list[str] | None] = mapped_column(JSONType)  # None: every job event
     idempotency_key: Mapped[str | None] = mapped_column(String(255), unique=True)
     request_hash: Mapped[str | None] = mapped_column(String(64))
+
+    # A job that came from a line of a batch file: its batch, the line's custom_id, and its endpoint
+    # (``/v1/chat/completions`` or ``/v1/completions``, which shapes the line's response body).
+    batch_id: Mapped[str | None] = mapped_column(ForeignKey("batches.id"))
+    custom_id: Mapped[str | None] = mapped_column(String(512))
+    endpoint: Mapped[str | None] = mapped_column(String(64))
 
     # Delivery: every claim by a worker bumps ``attempt``; writes are conditional on it.
     attempt: Mapped[int] = mapped_column(default=0)
@@ -81,6 +104,8 @@ class Job(Base):
     __table_args__ = (
         Index("ix_jobs_status_queued_at", "status", "queued_at"),
         Index("ix_jobs_worker_id", "worker_id"),
+        Index("ix_jobs_batch_id_status", "batch_id", "status"),
+        Index("ix_jobs_finished_at", "finished_at"),
     )
 
 
@@ -94,3 +119,74 @@ class Worker(Base):
     started_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     heartbeat_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     stats: Mapped[dict[str, float]] = mapped_column(JSONType, default=dict)
+
+
+class File(Base):
+    """An uploaded file (``purpose=batch``) or a batch's output or error file, as OpenAI's Files API."""
+
+    __tablename__ = "files"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True, default=new_file_id)
+    purpose: Mapped[str] = mapped_column(String(32))
+    filename: Mapped[str] = mapped_column(String(255))
+    bytes: Mapped[int]
+    content: Mapped[bytes] = mapped_column(LargeBinary)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class Batch(Base):
+    """An OpenAI-style batch: one input file, one job per line, an output and an error file at the end."""
+
+    __tablename__ = "batches"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True, default=new_batch_id)
+    status: Mapped[str] = mapped_column(String(16))  # OpenAI's: validating … completed, see core.states
+    endpoint: Mapped[str] = mapped_column(String(64))
+    model: Mapped[str | None] = mapped_column(String(200))
+    input_file_id: Mapped[str] = mapped_column(ForeignKey("files.id"))
+    output_file_id: Mapped[str | None] = mapped_column(ForeignKey("files.id"))
+    error_file_id: Mapped[str | None] = mapped_column(ForeignKey("files.id"))
+    completion_window: Mapped[str] = mapped_column(String(16))
+    meta: Mapped[dict[str, str] | None] = mapped_column("metadata", JSONType)
+    errors: Mapped[list[dict[str, Any]] | None] = mapped_column(JSONType)  # line-numbered validation errors
+    priority: Mapped[int] = mapped_column(default=0)
+    webhook_url: Mapped[str | None] = mapped_column(Text)
+    webhook_events: Mapped[list[str] | None] = mapped_column(JSONType)
+    total: Mapped[int] = mapped_column(default=0)  # lines, i.e. jobs
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    in_progress_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    finalizing_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    completed_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    failed_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    expired_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    cancelling_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    cancelled_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+    __table_args__ = (Index("ix_batches_status", "status"),)
+
+
+class WebhookDelivery(Base):
+    """One event for one endpoint (the outbox): written in the transaction that caused the event, then
+    sent by the webhooks queue; ``id`` is the Standard Webhooks ``webhook-id``, stable across retries."""
+
+    __tablename__ = "webhook_deliveries"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True, default=new_delivery_id)
+    event_type: Mapped[str] = mapped_column(String(32))
+    url: Mapped[str] = mapped_column(Text)
+    payload: Mapped[dict[str, Any]] = mapped_column(JSONType)
+    job_id: Mapped[str | None] = mapped_column(ForeignKey("jobs.id"))
+    batch_id: Mapped[str | None] = mapped_column(ForeignKey("batches.id"))
+    status: Mapped[str] = mapped_column(String(16), default="pending")  # pending | delivered | failed
+    attempts: Mapped[list[dict[str, Any]]] = mapped_column(
+        JSONType, default=list
+    )  # time, status, latency, error
+    next_attempt_at: Mapped[datetime | None] = mapped_column(UTCDateTime, default=utcnow)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+    __table_args__ = (
+        Index("ix_webhook_deliveries_job_id", "job_id"),
+        Index("ix_webhook_deliveries_batch_id", "batch_id"),
+        Index("ix_webhook_deliveries_status_next", "status", "next_attempt_at"),
+    )

@@ -39,6 +39,13 @@ class Settings(BaseSettings):
     gpu_memory_utilization: float = 0.9
     kv_cache_bytes: int | None = None
 
+    # Webhooks (Standard Webhooks), sent by ``pagedq webhooks`` from their own queue.
+    webhook_url: str = ""  # a global endpoint for every event; jobs and batches may name their own
+    webhook_secret: str = ""  # whsec_…; default: generated once into <data_dir>/webhook_secret
+    webhook_allow_private: bool = False  # allow URLs resolving to loopback, private or link-local addresses
+    webhook_timeout: float = 10.0
+    webhook_max_attempts: int = 8
+
     # The worker's reliability loop.
     worker_concurrency: int | None = None  # jobs held at once; default: max_num_seqs
     flush_interval: float = 0.5  # partial output, heartbeats and cancellations, seconds
