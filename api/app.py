@@ -5,6 +5,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 from fastapi import FastAPI
+from redis.asyncio import Redis
 
 from api.deps import Service
 from api.errors import install_error_handlers
@@ -16,6 +17,7 @@ from api.waiting import JobWaiter
 from core.db import make_engine, make_sessionmaker
 from core.queue import make_celery, queue_name
 from core.settings import Settings
+from core.streams import streams_url
 
 DESCRIPTION = """Job-based LLM inference: submit a job, then read its result when it is done (or hold the
 request with `Prefer: wait=N`).
@@ -31,6 +33,8 @@ def create_app(settings: Settings, model_dir: Path) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         yield
         await service.waiter.close()
+        if service.streams is not None:
+            await service.streams.aclose()
         service.engine.dispose()
 
     app = FastAPI(title="pagedq", version="0.1.0", description=DESCRIPTION, lifespan=lifespan)
@@ -54,5 +58,6 @@ def build_service(settings: Settings, model_dir: Path) -> Service:
         prompts=PromptEncoder(model_dir, settings.max_model_len),
         waiter=JobWaiter(sessions),
         submitter=Submitter(sessions, celery, queue),
+        streams=Redis.from_url(url) if (url := streams_url(settings)) else None,
         metrics=Metrics(sessions, celery, queue, settings.heartbeat_timeout),
     )

@@ -5,6 +5,7 @@ from typing import Annotated
 
 from celery import Celery
 from fastapi import Depends, Request
+from redis.asyncio import Redis
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -25,6 +26,7 @@ class Service:
     prompts: PromptEncoder
     waiter: JobWaiter
     submitter: Submitter
+    streams: Redis | None  # the Redis that holds live token streams; None in the embedded mode
     metrics: Metrics
 
     @property

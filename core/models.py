@@ -29,6 +29,11 @@ class UTCDateTime(TypeDecorator[datetime]):
         return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
+def storable(text: str) -> str:
+    """PostgreSQL text cannot hold NUL: a model that emits one gets U+FFFD in its place, everywhere."""
+    return text.replace("\x00", "\ufffd")
+
+
 def utcnow() -> datetime:
     return datetime.now(UTC)
 

@@ -17,6 +17,7 @@ from enum import Enum
 from core.states import JobStatus
 from worker.engine import LLMEngine, RequestOutput, SamplingParams
 from worker.store import ClaimedJob, JobStore, Progress
+from worker.streamer import TokenStreamer
 
 logger = logging.getLogger("pagedq.worker")
 
@@ -50,10 +51,17 @@ class Flight:
 
 class EngineHost:
     def __init__(
-        self, engine: LLMEngine, store: JobStore, publish: Publish, worker_id: str, flush_interval: float
+        self,
+        engine: LLMEngine,
+        store: JobStore,
+        publish: Publish,
+        worker_id: str,
+        flush_interval: float,
+        streamer: TokenStreamer | None = None,
     ) -> None:
         self.engine, self.store, self.publish = engine, store, publish
         self.worker_id, self.flush_interval = worker_id, flush_interval
+        self.streamer = streamer
         self.flights: dict[str, Flight] = {}
         self.lock = threading.Lock()
         self.commands: queue.Queue[tuple[str, Flight]] = queue.Queue()
@@ -157,6 +165,8 @@ class EngineHost:
             flight.token_times = list(metrics.token_times)
             flight.started, flight.first_token = metrics.first_scheduled_time, metrics.first_token_time
             flight.dirty = True
+        if self.streamer is not None:
+            self.streamer.put(flight.job.id, flight.job.attempt, sample.text, output.finished)
         if output.finished:
             reason = sample.finish_reason
             status = flight.abort_as if reason == "abort" and flight.abort_as else JobStatus.SUCCEEDED

@@ -16,10 +16,12 @@ from celery.signals import worker_shutting_down
 from core.db import make_engine, make_sessionmaker
 from core.queue import RUN_JOB_TASK, make_celery, publish_job, queue_depth, queue_name
 from core.settings import Settings
+from core.streams import streams_url
 from worker.engine import EngineConfig, LLMEngine
 from worker.host import EngineHost, RunResult
 from worker.reconciler import Reconciler
 from worker.store import JobStore
+from worker.streamer import TokenStreamer
 
 logger = logging.getLogger("pagedq.worker")
 
@@ -57,7 +59,9 @@ def run_worker(settings: Settings) -> None:
         publish_job(app, job_id, queue, priority)
 
     store = JobStore(make_sessionmaker(make_engine(settings)), settings.served_model_name)
-    host = EngineHost(build_engine(settings), store, publish, worker_id, settings.flush_interval)
+    url = streams_url(settings)
+    streamer = TokenStreamer(url) if url else None
+    host = EngineHost(build_engine(settings), store, publish, worker_id, settings.flush_interval, streamer)
     register_run_job(app, host)
     reconciler = Reconciler(
         store, publish, lambda: queue_depth(app, queue), settings.heartbeat_timeout, settings.requeue_after
@@ -85,4 +89,6 @@ def run_worker(settings: Settings) -> None:
     finally:
         stop_reconciling.set()
         host.stop()
+        if streamer is not None:
+            streamer.close()
         logger.info("worker stopped", extra={"worker_id": worker_id})

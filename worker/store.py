@@ -12,7 +12,7 @@ from sqlalchemy import delete, or_, select, update
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from core.models import Job, Worker, utcnow
+from core.models import Job, Worker, storable, utcnow
 from core.states import JobStatus
 
 
@@ -43,8 +43,7 @@ class Progress:
 
     def columns(self) -> dict[str, Any]:
         values = {
-            # PostgreSQL text cannot hold NUL; a model that emits one gets U+FFFD in its place.
-            "output_text": self.output_text.replace("\x00", "\ufffd"),
+            "output_text": storable(self.output_text),
             "completion_tokens": self.completion_tokens,
             "cached_tokens": self.cached_tokens,
             "token_times_ms": self.token_times_ms,

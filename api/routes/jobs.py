@@ -1,13 +1,16 @@
 """``/v1/jobs``: submit, read, list and cancel jobs."""
 
+from collections.abc import AsyncIterable
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Header, Query, Request, Response
+from fastapi import APIRouter, Depends, Header, Query, Request, Response
+from fastapi.sse import EventSourceResponse, ServerSentEvent
 from starlette.concurrency import run_in_threadpool
 
 from api import jobs
 from api.deps import Service, ServiceDep
 from api.schemas import ErrorOut, InvalidOut, JobList, JobOut
+from api.streams import job_events
 from api.waiting import wait_preference
 from core.models import Job
 from core.spec import JobSpec
@@ -97,6 +100,26 @@ async def _wait_for(service: Service, job: Job, seconds: float) -> Job:
 )
 def get_job(job_id: str, service: ServiceDep) -> JobOut:
     return JobOut.of(jobs.get(service, job_id))
+
+
+async def _existing(job_id: str, service: ServiceDep) -> str:
+    return (await run_in_threadpool(jobs.get, service, job_id)).id
+
+
+@router.get(
+    "/{job_id}/events",
+    response_class=EventSourceResponse,
+    summary="Follow a job: its text as it is produced, then the finished job (Server-Sent Events)",
+    description="Events: `delta` `{text}` for each new piece of output (a late client first gets "
+    "everything produced so far), `restart` `{attempt}` if the job is requeued after a fault and starts "
+    "over, and last `job`: the finished job as `GET /v1/jobs/{id}` returns it.",
+    responses=NOT_FOUND,
+)
+async def follow_job(
+    job_id: Annotated[str, Depends(_existing)], service: ServiceDep
+) -> AsyncIterable[ServerSentEvent]:
+    async for event in job_events(service, job_id):
+        yield event
 
 
 LIST_DESCRIPTION = """Newest first, a page at a time: pass the `next_cursor` of a page as `after` to get the

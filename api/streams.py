@@ -1,0 +1,81 @@
+"""``GET /v1/jobs/{id}/events``: a job's text as it is produced, then the finished job.
+
+Events: ``delta`` ``{"text"}`` for each new piece (first everything produced so far), ``restart``
+``{"attempt"}`` when a requeued job starts over, and finally ``job`` with the job as ``GET`` returns it.
+With Redis the pieces come from the job's Redis stream as the worker appends them; without (the
+embedded mode) from the job row's partial output, which the worker flushes every flush interval.
+"""
+
+import asyncio
+from collections.abc import AsyncIterator
+
+from fastapi.sse import ServerSentEvent
+from redis.asyncio import Redis
+from starlette.concurrency import run_in_threadpool
+
+from api import jobs
+from api.deps import Service
+from api.schemas import JobOut
+from core.models import Job
+from core.states import TERMINAL
+from core.streams import stream_key
+
+IDLE_CHECK_MS = 1000  # how often a quiet stream re-reads the job (it may end without a token: cancelled)
+
+
+async def job_events(service: Service, job_id: str) -> AsyncIterator[ServerSentEvent]:
+    if service.streams is None:
+        events = _from_row(service, job_id)
+    else:
+        events = _from_stream(service, service.streams, job_id)
+    async for event in events:
+        yield event
+
+
+async def _from_stream(service: Service, streams: Redis, job_id: str) -> AsyncIterator[ServerSentEvent]:
+    last_id, attempt, streamed = "0", None, False
+    while True:
+        reply = await streams.xread({stream_key(job_id): last_id}, block=IDLE_CHECK_MS, count=1024)
+        ended = False
+        for _, entries in reply:
+            for entry_id, fields in entries:
+                last_id = entry_id
+                run = int(fields[b"attempt"])
+                if attempt is not None and run != attempt:
+                    yield ServerSentEvent(event="restart", data={"attempt": run})
+                attempt = run
+                if b"text" in fields:
+                    streamed = True
+                    yield ServerSentEvent(event="delta", data={"text": fields[b"text"].decode()})
+                ended = ended or b"end" in fields
+        if ended or not reply:
+            job = await _settled(service, job_id, wait=ended)
+            if job.status in TERMINAL:
+                if not streamed and job.output_text:  # the stream expired: send the output whole
+                    yield ServerSentEvent(event="delta", data={"text": job.output_text})
+                yield ServerSentEvent(event="job", data=JobOut.of(job))
+                return
+
+
+async def _settled(service: Service, job_id: str, wait: bool) -> Job:
+    """The job row; after a run's last token, give the worker a moment to commit the final state."""
+    if wait:
+        await service.waiter.wait(job_id, timeout=5.0)
+    return await run_in_threadpool(jobs.get, service, job_id)
+
+
+async def _from_row(service: Service, job_id: str) -> AsyncIterator[ServerSentEvent]:
+    sent, attempt = "", None
+    while True:
+        job = await run_in_threadpool(jobs.get, service, job_id)
+        if attempt is not None and job.attempt != attempt:
+            yield ServerSentEvent(event="restart", data={"attempt": job.attempt})
+            sent = ""
+        attempt = job.attempt
+        if len(job.output_text) > len(sent):
+            yield ServerSentEvent(event="delta", data={"text": job.output_text[len(sent) :]})
+            sent = job.output_text
+        if job.status in TERMINAL:
+            yield ServerSentEvent(event="job", data=JobOut.of(job))
+            return
+        await asyncio.sleep(service.settings.flush_interval)
