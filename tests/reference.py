@@ -46,3 +46,34 @@ def assert_pool_empty(llm: LLM) -> None:
     bm = llm.engine.block_manager
     assert bm.num_free_blocks == bm.num_blocks, "KV blocks leaked"
     assert all(b.ref_count == 0 for b in bm.blocks)
+
+
+@torch.inference_mode()
+def hf_beam_search(
+    model: AutoModelForCausalLM,
+    prompt_ids: list[int],
+    num_beams: int,
+    max_new_tokens: int,
+    eos_token_ids: list[int],
+    **options: object,
+) -> list[list[int]]:
+    """transformers' beam search: the ``num_beams`` best hypotheses, best first, each cut after its EOS."""
+    config = model.generation_config
+    out = model.generate(
+        torch.tensor([prompt_ids]),
+        do_sample=False,
+        num_beams=num_beams,
+        num_return_sequences=num_beams,
+        max_new_tokens=max_new_tokens,
+        eos_token_id=eos_token_ids,
+        pad_token_id=config.pad_token_id if config.pad_token_id is not None else 0,
+        temperature=None,
+        top_p=None,
+        top_k=None,
+        **options,
+    )
+    hypotheses = []
+    for row in out[:, len(prompt_ids) :].tolist():
+        ends = [i for i, t in enumerate(row) if t in eos_token_ids]
+        hypotheses.append(row[: ends[0] + 1] if ends else row)
+    return hypotheses

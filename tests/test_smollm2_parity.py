@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.reference import HFReference, assert_pool_empty, chosen_logprobs
+from tests.reference import HFReference, assert_pool_empty, chosen_logprobs, hf_beam_search
 from worker.engine import LLM, SamplingParams
 from worker.engine.default_model import ensure_default_model
 
@@ -51,4 +51,16 @@ def test_smollm2_greedy_matches_transformers(model_path: Path) -> None:
         assert got.token_ids == want_tokens, conversation[0]["content"]
         assert chosen_logprobs(got) == pytest.approx(want_logprobs, abs=2e-3)
         assert got.finish_reason == ("stop" if len(want_tokens) < MAX_NEW else "length")
+    assert_pool_empty(llm)
+
+
+def test_smollm2_beam_search_matches_transformers(model_path: Path) -> None:
+    llm = LLM(str(model_path), max_num_batched_tokens=512)
+    model = HFReference(model_path).model
+    params = SamplingParams(use_beam_search=True, n=4, temperature=0.0, max_tokens=16)
+    conversations = [[{"role": "user", "content": q}] for q in QUESTIONS[:6]]
+    outputs = llm.chat(conversations, params)
+    for conversation, out in zip(conversations, outputs, strict=True):
+        want = hf_beam_search(model, llm.chat_prompt(conversation), 4, 16, llm.engine.eos_token_ids)
+        assert [sample.token_ids for sample in out.outputs] == want, conversation[0]["content"]
     assert_pool_empty(llm)

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import AutoTokenizer, GenerationConfig, PreTrainedTokenizerBase
 
+from worker.engine.beam_search import BeamSearch, Continuation, Hypothesis
 from worker.engine.block_manager import BlockManager
 from worker.engine.config import EngineConfig
 from worker.engine.default_model import resolve_model
@@ -87,6 +88,8 @@ class LLMEngine:
         request = Request(
             request_id, prompt if isinstance(prompt, str) else None, token_ids, params, priority
         )
+        if params.use_beam_search:
+            request.beam = BeamSearch(params.beam_width, params.length_penalty, params.early_stopping)
         request.sequences.append(self._new_sequence(request, 0))
         self.requests[request_id] = request
         self.scheduler.add(request.sequences[0])
@@ -149,8 +152,11 @@ class LLMEngine:
             if seq.request.metrics.first_scheduled_time is None:
                 seq.request.metrics.first_scheduled_time = now
         logits = self.runner.execute(batch)
-        due = self._advance(batch)
-        rows = self._fork_new_samples(due)
+        due = list(enumerate(self._advance(batch)))
+        outputs += self._beam_steps([(row, s) for row, s in due if s.request.beam is not None], logits)
+        rows = self._fork_new_samples([(row, s) for row, s in due if s.request.beam is None])
+        if not rows:
+            return outputs
         if len(rows) != len(due):
             logits = logits[torch.tensor([row for row, _ in rows], device=logits.device)]
         sampled = self.sampler(logits, [self._sampling_row(seq) for _, seq in rows])
@@ -170,13 +176,13 @@ class LLMEngine:
                 due.append(seq)
         return due
 
-    def _fork_new_samples(self, due: list[Sequence]) -> list[tuple[int, Sequence]]:
+    def _fork_new_samples(self, due: list[tuple[int, Sequence]]) -> list[tuple[int, Sequence]]:
         """Split a request's n samples off its first sequence once its prompt is computed.
 
-        Returns (logits row, sequence) pairs: the samples of one request share the prompt's row.
+        Takes and returns (logits row, sequence) pairs: the samples of one request share the prompt's row.
         """
         rows = []
-        for row, seq in enumerate(due):
+        for row, seq in due:
             rows.append((row, seq))
             request = seq.request
             if request.forked:
@@ -190,6 +196,106 @@ class LLMEngine:
                 request.sequences.append(child)
                 rows.append((row, child))
         return rows
+
+    # --- beam search ---
+
+    def _beam_steps(self, due: list[tuple[int, Sequence]], logits: torch.Tensor) -> list[RequestOutput]:
+        by_request: dict[str, list[tuple[int, Sequence]]] = {}
+        for row, seq in due:
+            by_request.setdefault(seq.request.request_id, []).append((row, seq))
+        outputs = []
+        for request_id, rows in by_request.items():
+            request = self.requests[request_id]
+            beams = [seq for _, seq in rows]
+            if len(beams) < len(request.sequences):  # a beam missed this step's budget: all wait a step
+                for seq in beams:
+                    seq.num_computed_tokens -= 1  # recompute its last token next step
+                continue
+            log_probs = torch.log_softmax(logits[[row for row, _ in rows]].float(), dim=-1).cpu()
+            if output := self._beam_step(request, request.beam, beams, log_probs):
+                outputs.append(output)
+        return outputs
+
+    def _beam_step(
+        self, request: Request, search: BeamSearch, beams: list[Sequence], log_probs: torch.Tensor
+    ) -> RequestOutput | None:
+        params = request.params
+        stop_ids = [*([] if params.ignore_eos else self.eos_token_ids), *params.stop_token_ids]
+        chosen = search.step(
+            log_probs,
+            [seq.cumulative_logprob for seq in beams],
+            [seq.output_token_ids for seq in beams],
+            stop_ids,
+            min(params.max_tokens, self.max_model_len - len(request.prompt_token_ids)),
+        )
+        now = time.monotonic()
+        request.metrics.first_token_time = request.metrics.first_token_time or now
+        request.metrics.token_times.append(now)
+        self.num_generated_tokens += len(beams)
+        if search.done:
+            return self._finish_beam_search(request, search.finished[: params.n])
+        self._rebeam(request, beams, chosen)
+        return None
+
+    def _rebeam(self, request: Request, beams: list[Sequence], chosen: list[Continuation]) -> None:
+        """Make the chosen continuations the request's sequences. A beam continued k times is forked
+        k - 1 times (its blocks shared, the last one copied on write); a beam not continued is freed."""
+        continued: set[int] = set()
+        next_beams = []
+        for c in chosen:
+            parent = beams[c.beam]
+            if c.beam in continued:
+                child = self._new_sequence(
+                    request, len(request.sequences) + len(next_beams), parent.token_ids
+                )
+                self.block_manager.fork(parent, child)
+                child.status = SequenceStatus.RUNNING
+                self.scheduler.running.append(child)
+            else:
+                continued.add(c.beam)
+                child = parent
+            next_beams.append((child, c))
+        for index, parent in enumerate(beams):
+            if index not in continued:
+                parent.status = SequenceStatus.FINISHED
+                self.scheduler.remove(parent)
+        for seq, c in next_beams:
+            seq.token_ids.append(c.token)
+            seq.cumulative_logprob = c.sum_logprob
+        request.sequences, request.forked = [seq for seq, _ in next_beams], True
+
+    def _finish_beam_search(self, request: Request, best: list[Hypothesis]) -> RequestOutput:
+        for seq in request.sequences:
+            seq.status = SequenceStatus.FINISHED
+            self.scheduler.remove(seq)
+        request.forked = True
+        request.metrics.finished_time = time.monotonic()
+        del self.requests[request.request_id]
+        skip_special = request.params.skip_special_tokens
+        return RequestOutput(
+            request_id=request.request_id,
+            prompt=request.prompt,
+            prompt_token_ids=request.prompt_token_ids,
+            outputs=[
+                CompletionOutput(
+                    index=i,
+                    text=self.tokenizer.decode(h.token_ids, skip_special_tokens=skip_special),
+                    token_ids=h.token_ids,
+                    cumulative_logprob=h.sum_logprob,
+                    finish_reason="stop" if h.ended_on_eos else "length",
+                    stop_reason=self._beam_stop_reason(h),
+                )
+                for i, h in enumerate(best)
+            ],
+            finished=True,
+            metrics=request.metrics,
+            num_cached_tokens=request.num_cached_tokens,
+        )
+
+    def _beam_stop_reason(self, hypothesis: Hypothesis) -> int | None:
+        """The stop token id that ended a hypothesis; None for EOS or the length limit."""
+        last = hypothesis.token_ids[-1]
+        return last if hypothesis.ended_on_eos and last not in self.eos_token_ids else None
 
     def _sampling_row(self, seq: Sequence) -> SamplingRow:
         request = seq.request

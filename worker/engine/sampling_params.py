@@ -29,6 +29,11 @@ class SamplingParams:
     logprobs: int | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    # Beam search (transformers' semantics): ``best_of`` beams (default ``n``), the best ``n`` returned.
+    use_beam_search: bool = False
+    best_of: int | None = None
+    length_penalty: float = 1.0
+    early_stopping: bool | str = False  # True, False or "never"
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -69,6 +74,42 @@ class SamplingParams:
                 raise ValueError(message)
         if self.top_k == -1:
             self.top_k = 0
+        if self.use_beam_search:
+            self._validate_beam_search()
+
+    def _validate_beam_search(self) -> None:
+        width = self.beam_width
+        checks = [
+            (width >= self.n, f"best_of ({width}) must be >= n ({self.n})"),
+            (width >= 2, f"beam search needs at least 2 beams (best_of or n), got {width}"),
+            (self.temperature == 0.0, "beam search is deterministic: temperature must be 0"),
+            (
+                self.top_p == 1.0 and self.top_k == 0 and self.min_p == 0.0,
+                "beam search takes no top_p/k, min_p",
+            ),
+            (
+                not self.needs_penalties,
+                "beam search does not support repetition/presence/frequency penalties",
+            ),
+            (not self.stop, "beam search supports stop_token_ids, not stop strings"),
+            (
+                self.min_tokens == 0 and self.logprobs is None,
+                "beam search supports neither min_tokens nor logprobs",
+            ),
+            (self.early_stopping in (True, False, "never"), "early_stopping must be true, false or 'never'"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message)
+
+    @property
+    def beam_width(self) -> int:
+        return self.best_of or self.n
+
+    @property
+    def num_sequences(self) -> int:
+        """Sequences the request runs at once: its beams, or its n samples."""
+        return self.beam_width if self.use_beam_search else self.n
 
     @property
     def greedy(self) -> bool:

@@ -68,8 +68,10 @@ class Scheduler:
                 break
             if seq.status is not SequenceStatus.RUNNING:
                 continue  # preempted earlier in this loop
+            if not self._beams_fit(seq, budget, batch):
+                continue
             num_new = min(seq.num_uncomputed_tokens, budget)
-            if not self._make_room(seq, num_new, batch.sequences):
+            if not self._make_room(seq, num_new, batch):
                 continue
             self.block_manager.grow(seq, num_new)
             batch.sequences.append(seq)
@@ -77,15 +79,26 @@ class Scheduler:
             budget -= num_new
         return budget
 
-    def _make_room(self, seq: Sequence, num_new: int, scheduled: list[Sequence]) -> bool:
+    @staticmethod
+    def _beams_fit(seq: Sequence, budget: int, batch: ScheduledBatch) -> bool:
+        """The beams of a search advance together: all of them this step, or none."""
+        request = seq.request
+        if request.beam is None or not request.forked:
+            return True
+        return sum(s.num_uncomputed_tokens for s in request.sequences if s not in batch.sequences) <= budget
+
+    def _make_room(self, seq: Sequence, num_new: int, batch: ScheduledBatch) -> bool:
         """Preempt the lowest-priority, latest-arrived unscheduled sequence until ``seq`` fits.
 
-        Returns False when ``seq`` itself was that sequence.
+        Returns False when ``seq`` itself was preempted.
         """
         while not self.block_manager.can_grow(seq, num_new):
-            victim = max((s for s in self.running if s not in scheduled), key=lambda s: s.sort_key)
-            self._preempt(victim)
-            if victim is seq:
+            victim = max((s for s in self.running if s not in batch.sequences), key=lambda s: s.sort_key)
+            if victim.request.beam is not None:
+                self._restart_beam_search(victim, batch)
+            else:
+                self._preempt(victim)
+            if seq.status is not SequenceStatus.RUNNING:
                 return False
         return True
 
@@ -94,6 +107,24 @@ class Scheduler:
         self.block_manager.free(seq)
         self.num_preemptions += 1
         self.add(seq)
+
+    def _restart_beam_search(self, victim: Sequence, batch: ScheduledBatch) -> None:
+        """Beams advance in lockstep, so a beam search is preempted whole and starts over from its prompt
+        (mostly from the prefix cache); greedy beam search then finds the same beams again."""
+        request = victim.request
+        for seq in request.sequences:
+            if seq in batch.sequences:
+                index = batch.sequences.index(seq)
+                del batch.sequences[index], batch.num_new_tokens[index]
+            self.remove(seq)
+            seq.status = SequenceStatus.FINISHED
+        first = request.sequences[0]
+        first.token_ids, first.cumulative_logprob = list(request.prompt_token_ids), 0.0
+        request.sequences, request.forked = [first], False
+        if request.beam is not None:
+            request.beam.restart()
+        self.num_preemptions += 1
+        self.add(first)
 
     def _schedule_waiting(self, batch: ScheduledBatch, budget: int) -> None:
         """Admit waiting sequences in order while budget, seats and blocks last.
@@ -136,4 +167,4 @@ class Scheduler:
 
     def _seats(self, seq: Sequence) -> int:
         """A request not yet forked will need a seat for each of its samples."""
-        return 1 if seq.request.forked else seq.request.params.n
+        return 1 if seq.request.forked else seq.request.params.num_sequences

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from worker.engine.beam_search import BeamSearch
 from worker.engine.detokenizer import IncrementalDetokenizer
 from worker.engine.outputs import RequestMetrics, TokenLogprobs
 from worker.engine.sampling_params import SamplingParams
@@ -77,7 +78,8 @@ class Request:
     arrival_order: int = field(default_factory=lambda: next(_arrival_counter))
     metrics: RequestMetrics = field(default_factory=lambda: RequestMetrics(arrival_time=time.monotonic()))
     sequences: list[Sequence] = field(default_factory=list)
-    forked: bool = False  # whether the n samples have been split off the first one
+    forked: bool = False  # whether the n samples (or the beams) have been split off the first one
+    beam: BeamSearch | None = None  # the search state of a beam-search request
 
     @property
     def is_finished(self) -> bool:
