@@ -40,14 +40,15 @@ class AttentionMetadata:
 
     T flattened new tokens from B sequences. Sequence b has ``query_lens_cpu[b]`` new tokens
     (rows ``query_start_loc[b]:query_start_loc[b + 1]``) and ``seq_lens_cpu[b]`` tokens of
-    context, new ones included. Tensors are on the model's device; the derived plans below are
+    context, new ones included. Tensors are on the model's device. The Triton kernels read the
+    tensors and the host ints below as they are; the torch reference's plans are derived once,
     cached, so they are computed by the first layer of a step and reused by the others.
     """
 
     slot_mapping: Tensor  # [T] int64: block_id * block_size + offset of each new token
-    block_tables: Tensor  # [B, max_blocks] int32/int64, padded with 0
-    query_start_loc: Tensor  # [B + 1] int64
-    seq_lens: Tensor  # [B] int64
+    block_tables: Tensor  # [B, max_blocks] int32 (int64 works too), padded with 0
+    query_start_loc: Tensor  # [B + 1] int32 (or int64)
+    seq_lens: Tensor  # [B] int32 (or int64)
     query_lens_cpu: list[int]
     seq_lens_cpu: list[int]
     block_size: int
@@ -71,13 +72,25 @@ class AttentionMetadata:
         for name, (got, want) in shapes.items():
             if tuple(got) != want:
                 raise ValueError(f"{name}: expected shape {want}, got {tuple(got)}")
-        need = self._num_blocks(max(self.seq_lens_cpu, default=0))
+        need = self._num_blocks(self.max_seq_len)
         if self.block_tables.dim() != 2 or self.block_tables.shape[1] < need:
             raise ValueError(f"block_tables {tuple(self.block_tables.shape)} needs >= {need} columns")
 
     @cached_property
     def num_tokens(self) -> int:
         return sum(self.query_lens_cpu)
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.seq_lens_cpu)
+
+    @cached_property
+    def max_query_len(self) -> int:
+        return max(self.query_lens_cpu, default=0)
+
+    @cached_property
+    def max_seq_len(self) -> int:
+        return max(self.seq_lens_cpu, default=0)
 
     def _num_blocks(self, seq_len: int) -> int:
         return -(-seq_len // self.block_size)
@@ -109,7 +122,7 @@ class AttentionMetadata:
         positions = torch.arange(num_blocks * self.block_size, device=seqs.device)
         key_mask = positions < self.seq_lens[seqs].unsqueeze(1)
         return DecodeChunk(
-            token_index=self.query_start_loc[seqs],
+            token_index=self.query_start_loc[seqs].long(),
             block_index=self.block_tables[seqs, :num_blocks].reshape(-1).long(),
             key_mask=key_mask[:, None, None, :],
             num_blocks=num_blocks,

@@ -1,4 +1,5 @@
-"""Paged-attention ops in plain torch: the CPU path, and the oracle for the Triton kernels.
+"""The kernels in plain torch (paged attention, KV writes, RMSNorm, SiLU*mul): the CPU path, and
+the oracle for the Triton kernels.
 
 Cache layout: ``[num_blocks, block_size, num_kv_heads, head_dim]``; token slot
 ``block_id * block_size + offset`` is row ``slot`` of the cache viewed as ``[-1, kv_heads, dim]``.
@@ -13,6 +14,15 @@ from kernels.metadata import AttentionMetadata, DecodeChunk, PrefillSeq
 
 def write_kv(key: Tensor, value: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor) -> None:
     """Store the K/V of T new tokens (``[T, kv_heads, head_dim]``) at their cache slots, in place."""
+    check_kv_shapes(key, value, k_cache, v_cache, slot_mapping)
+    # view (not reshape): a copy would silently drop the writes.
+    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slot_mapping, key.to(k_cache.dtype))
+    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slot_mapping, value.to(v_cache.dtype))
+
+
+def check_kv_shapes(
+    key: Tensor, value: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor
+) -> None:
     if key.shape != value.shape or key.shape[1:] != k_cache.shape[2:] or k_cache.shape != v_cache.shape:
         raise ValueError(
             f"key {tuple(key.shape)} / value {tuple(value.shape)} do not fit caches "
@@ -20,9 +30,6 @@ def write_kv(key: Tensor, value: Tensor, k_cache: Tensor, v_cache: Tensor, slot_
         )
     if slot_mapping.shape != key.shape[:1]:
         raise ValueError(f"slot_mapping {tuple(slot_mapping.shape)} for {key.shape[0]} tokens")
-    # view (not reshape): a copy would silently drop the writes.
-    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slot_mapping, key.to(k_cache.dtype))
-    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slot_mapping, value.to(v_cache.dtype))
 
 
 def copy_blocks(k_cache: Tensor, v_cache: Tensor, src_to_dst: Tensor) -> None:
@@ -44,7 +51,7 @@ def paged_attention(
     sequence's end in its last block are read and masked out, so they must hold finite values
     (allocate caches with ``torch.zeros``): 0 * NaN would still be NaN.
     """
-    _check_shapes(query, k_cache, v_cache, meta)
+    check_attention_shapes(query, k_cache, v_cache, meta)
     out = query.new_empty(query.shape)  # contiguous, whatever the query's strides
     buffer = meta.gather_buffer(k_cache)
     for chunk in meta.decode_chunks:
@@ -56,7 +63,7 @@ def paged_attention(
     return out
 
 
-def _check_shapes(query: Tensor, k_cache: Tensor, v_cache: Tensor, meta: AttentionMetadata) -> None:
+def check_attention_shapes(query: Tensor, k_cache: Tensor, v_cache: Tensor, meta: AttentionMetadata) -> None:
     if query.dim() != 3 or query.shape[0] != meta.num_tokens:
         raise ValueError(f"query must be [{meta.num_tokens}, heads, head_dim], got {tuple(query.shape)}")
     if k_cache.shape != v_cache.shape or k_cache.dim() != 4:
@@ -97,3 +104,22 @@ def _prefill(query: Tensor, k: Tensor, v: Tensor, seq: PrefillSeq, scale: float)
         q, k, v, attn_mask=seq.mask, is_causal=seq.mask is None, scale=scale, enable_gqa=True
     )
     return o.squeeze(0).transpose(0, 1)
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """``weight * rmsnorm(x)``, normalised in float32 as Hugging Face does so low-precision outputs match."""
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(x.dtype)
+
+
+def add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    """``(rms_norm(x + residual), x + residual)``."""
+    total = x + residual
+    return rms_norm(total, weight, eps), total
+
+
+def silu_and_mul(x: Tensor) -> Tensor:
+    """``silu(gate) * up`` for ``x = [gate | up]`` split along the last dimension."""
+    gate, up = x.chunk(2, dim=-1)
+    return F.silu(gate) * up

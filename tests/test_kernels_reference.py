@@ -58,16 +58,16 @@ def dense_attention(q, k, v, scale) -> torch.Tensor:
     return (scores.softmax(-1) @ v).transpose(0, 1)
 
 
-def random_layer(tables, seq_lens, num_blocks, block_size, dtype, gen):
+def random_layer(tables, seq_lens, num_blocks, block_size, dtype, gen, head_dim=HEAD_DIM):
     """Caches holding each sequence's random K/V at its scattered slots, and that K/V densely."""
     # Unused slots hold large garbage, so reading an unmasked stray key would show.
     k_cache, v_cache = (
-        (100 * torch.randn(num_blocks, block_size, KV_HEADS, HEAD_DIM, generator=gen)).to(dtype)
+        (100 * torch.randn(num_blocks, block_size, KV_HEADS, head_dim, generator=gen)).to(dtype)
         for _ in range(2)
     )
     contexts = []
     for table, s in zip(tables, seq_lens, strict=True):
-        k, v = (torch.randn(s, KV_HEADS, HEAD_DIM, generator=gen).to(dtype) for _ in range(2))
+        k, v = (torch.randn(s, KV_HEADS, head_dim, generator=gen).to(dtype) for _ in range(2))
         positions = torch.arange(s)
         blocks = torch.tensor(table)[positions // block_size]
         k_cache[blocks, positions % block_size] = k

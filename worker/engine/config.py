@@ -16,6 +16,7 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.9
     kv_cache_bytes: int | None = None  # CPU KV budget; None picks a share of RAM
     load_format: str = "safetensors"  # safetensors | dummy
+    enforce_eager: bool = False  # True: no CUDA graphs for decode steps (CPU always runs eagerly)
     seed: int = 0
 
     def __post_init__(self) -> None:

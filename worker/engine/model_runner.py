@@ -1,13 +1,16 @@
 """Turns a scheduled batch into tensors, runs the model over the paged KV cache, returns logits."""
 
+import itertools
 import logging
 import os
+import time
 from dataclasses import dataclass
 
 import torch
 
-from kernels import AttentionMetadata, copy_blocks
+from kernels import AttentionMetadata, backend_for, copy_blocks
 from worker.engine.config import EngineConfig
+from worker.engine.cuda_graphs import DecodeGraphs
 from worker.engine.model.llama import KVCache, LlamaForCausalLM
 from worker.engine.model.loader import load_model
 from worker.engine.model.model_config import ModelConfig
@@ -54,6 +57,7 @@ class ModelRunner:
         )
         self.num_blocks = self._num_kv_blocks(model_config)
         self.kv_caches = self._allocate_kv_cache(model_config)
+        self.graphs = self._capture_decode_graphs()
 
     # --- KV cache ---
 
@@ -84,12 +88,17 @@ class ModelRunner:
     def _profile_free_cuda_memory(self) -> int:
         """Memory left for KV blocks after weights and the peak activations of a full-budget step.
 
-        Profiles one prefill of ``max_num_batched_tokens`` tokens into a throwaway cache.
+        Profiles a prefill of ``max_num_batched_tokens`` tokens (as prompts of at most
+        ``max_model_len``, the rotary table's length) into a throwaway cache. Memory that is not
+        torch's (the CUDA context, other processes) counts as used. Not profiled: the sampler's
+        full-vocabulary temporaries and the decode CUDA graphs, which the utilisation margin covers.
         """
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(self.device)
         num_tokens, bs = self.config.max_num_batched_tokens, self.block_size
-        num_blocks = -(-num_tokens // bs)
+        lens = [min(self.max_model_len, num_tokens - i) for i in range(0, num_tokens, self.max_model_len)]
+        blocks_per_seq = -(-max(lens) // bs)
+        num_blocks = blocks_per_seq * len(lens)
         cfg = self.model.config
         cache = torch.zeros(
             2,
@@ -101,19 +110,21 @@ class ModelRunner:
             dtype=self.dtype,
             device=self.device,
         )
-        meta = AttentionMetadata(
-            slot_mapping=torch.arange(num_tokens, device=self.device),
-            block_tables=torch.arange(num_blocks, dtype=torch.int32, device=self.device)[None],
-            query_start_loc=torch.tensor([0, num_tokens], device=self.device),
-            seq_lens=torch.tensor([num_tokens], device=self.device),
-            query_lens_cpu=[num_tokens],
-            seq_lens_cpu=[num_tokens],
+        tables = torch.arange(num_blocks, dtype=torch.int32, device=self.device)
+        slots = [b * blocks_per_seq * bs + p for b, n in enumerate(lens) for p in range(n)]
+        meta = AttentionMetadata(  # sequence b owns blocks [b * blocks_per_seq, (b + 1) * blocks_per_seq)
+            slot_mapping=self._tensor(slots),
+            block_tables=tables.view(len(lens), blocks_per_seq),
+            query_start_loc=self._tensor([0, *itertools.accumulate(lens)], torch.int32),
+            seq_lens=self._tensor(lens, torch.int32),
+            query_lens_cpu=lens,
+            seq_lens_cpu=lens,
             block_size=bs,
         )
         tokens = torch.zeros(num_tokens, dtype=torch.long, device=self.device)
         hidden = self.model(
             tokens,
-            torch.arange(num_tokens, device=self.device),
+            self._tensor([p for n in lens for p in range(n)]),
             [(cache[0, i], cache[1, i]) for i in range(cfg.num_layers)],
             meta,
         )
@@ -122,8 +133,9 @@ class ModelRunner:
         peak = torch.cuda.max_memory_allocated(self.device) - cache.numel() * cache.element_size()
         del cache, hidden
         torch.cuda.empty_cache()
-        total = torch.cuda.get_device_properties(self.device).total_memory
-        return int(total * self.config.gpu_memory_utilization - peak)
+        free, total = torch.cuda.mem_get_info(self.device)
+        not_torch = total - free - torch.cuda.memory_reserved(self.device)
+        return int(total * self.config.gpu_memory_utilization - peak - not_torch)
 
     def _allocate_kv_cache(self, model_config: ModelConfig) -> list[KVCache]:
         shape = (
@@ -136,6 +148,17 @@ class ModelRunner:
         )
         pool = torch.zeros(shape, dtype=self.dtype, device=self.device)
         return [(pool[0, i], pool[1, i]) for i in range(model_config.num_layers)]
+
+    def _capture_decode_graphs(self) -> DecodeGraphs | None:
+        """Graphs need the Triton kernels: the torch reference plans decodes on the host."""
+        if self.config.enforce_eager or self.device.type != "cuda" or backend_for(self.device) != "triton":
+            return None
+        start = time.perf_counter()
+        graphs = DecodeGraphs(self.model, self.kv_caches, self.config.max_num_seqs, self.max_model_len)
+        logger.info(
+            "%d decode CUDA graphs captured in %.1f s", len(graphs.sizes), time.perf_counter() - start
+        )
+        return graphs
 
     # --- one step ---
 
@@ -163,8 +186,8 @@ class ModelRunner:
         meta = AttentionMetadata(
             slot_mapping=self._tensor(slots),
             block_tables=self._tensor(tables, torch.int32),
-            query_start_loc=self._tensor(query_start_loc),
-            seq_lens=self._tensor(seq_lens),
+            query_start_loc=self._tensor(query_start_loc, torch.int32),
+            seq_lens=self._tensor(seq_lens, torch.int32),
             query_lens_cpu=list(batch.num_new_tokens),
             seq_lens_cpu=seq_lens,
             block_size=bs,
@@ -186,5 +209,8 @@ class ModelRunner:
             for k_cache, v_cache in self.kv_caches:
                 copy_blocks(k_cache, v_cache, pairs)
         inputs = self.prepare(batch)
-        hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
+        if self.graphs is not None and self.graphs.fits(inputs.meta):
+            hidden = self.graphs.run(inputs.input_ids, inputs.positions, inputs.meta)
+        else:
+            hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
         return self.model.compute_logits(hidden[inputs.logits_indices])

@@ -6,9 +6,8 @@ prefill chunks and single-token decodes alike. Attention reads past K/V from the
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
-from kernels import AttentionMetadata, paged_attention, write_kv
+from kernels import AttentionMetadata, add_rms_norm, paged_attention, rms_norm, silu_and_mul, write_kv
 from worker.engine.model.model_config import ModelConfig
 from worker.engine.model.rotary import RotaryEmbedding
 
@@ -26,10 +25,11 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalise in float32, as Hugging Face does, so low-precision outputs match it.
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
+        return rms_norm(x, self.weight, self.eps)
+
+    def add_forward(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(norm(x + residual), x + residual)``, fused on GPU."""
+        return add_rms_norm(x, residual, self.weight, self.eps)
 
 
 class Attention(nn.Module):
@@ -66,8 +66,7 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
@@ -81,8 +80,9 @@ class DecoderLayer(nn.Module):
     def forward(
         self, x: torch.Tensor, positions: torch.Tensor, kv_cache: KVCache, meta: AttentionMetadata
     ) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), positions, kv_cache, meta)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        attn = self.self_attn(self.input_layernorm(x), positions, kv_cache, meta)
+        h, x = self.post_attention_layernorm.add_forward(attn, x)
+        return x + self.mlp(h)
 
 
 class LlamaForCausalLM(nn.Module):
