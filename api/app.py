@@ -6,12 +6,14 @@ from pathlib import Path
 
 from fastapi import FastAPI
 from redis.asyncio import Redis
+from starlette.concurrency import run_in_threadpool
 
+from api.bulk_publisher import BulkPublisher
 from api.deps import Service
 from api.errors import install_error_handlers
 from api.metrics import Metrics
 from api.prompts import PromptEncoder
-from api.routes import health, jobs
+from api.routes import batches, files, generate, health, jobs, openai, webhooks
 from api.submitter import Submitter
 from api.waiting import JobWaiter
 from core.db import make_engine, make_sessionmaker
@@ -33,6 +35,7 @@ def create_app(settings: Settings, model_dir: Path) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         yield
         await service.waiter.close()
+        await run_in_threadpool(service.bulk_publisher.close)
         if service.streams is not None:
             await service.streams.aclose()
         service.engine.dispose()
@@ -40,6 +43,11 @@ def create_app(settings: Settings, model_dir: Path) -> FastAPI:
     app = FastAPI(title="pagedq", version="0.1.0", description=DESCRIPTION, lifespan=lifespan)
     app.state.service = service
     app.include_router(jobs.router)
+    app.include_router(files.router)
+    app.include_router(batches.router)
+    app.include_router(webhooks.router)
+    app.include_router(openai.router)
+    app.include_router(generate.router)
     app.include_router(health.router)
     install_error_handlers(app)
     return app
@@ -60,4 +68,5 @@ def build_service(settings: Settings, model_dir: Path) -> Service:
         submitter=Submitter(sessions, celery, queue),
         streams=Redis.from_url(url) if (url := streams_url(settings)) else None,
         metrics=Metrics(sessions, celery, queue, settings.heartbeat_timeout),
+        bulk_publisher=BulkPublisher(celery, queue),
     )

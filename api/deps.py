@@ -9,6 +9,7 @@ from redis.asyncio import Redis
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
+from api.bulk_publisher import BulkPublisher
 from api.metrics import Metrics
 from api.prompts import PromptEncoder
 from api.submitter import Submitter
@@ -28,6 +29,7 @@ class Service:
     submitter: Submitter
     streams: Redis | None  # the Redis that holds live token streams; None in the embedded mode
     metrics: Metrics
+    bulk_publisher: BulkPublisher  # a batch's jobs, published after its response
 
     @property
     def queue(self) -> str:

@@ -1,5 +1,7 @@
 """The error bodies: 422 is ``{"detail": [{"type", "loc", "msg"}]}``, every other error ``{"detail": str}``.
 
+On OpenAI's routes (``/v1/files``, ``/v1/batches``) the body also carries OpenAI's ``{"error": {"message",
+"type", "param", "code"}}``, which the ``openai`` SDK puts in its exceptions' messages.
 Messages say what is wrong in the client's terms; stack traces stay in the log.
 """
 
@@ -7,11 +9,14 @@ import logging
 from typing import Any
 
 from fastapi import FastAPI, HTTPException, Request
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from sqlalchemy.exc import OperationalError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 logger = logging.getLogger(__name__)
+OPENAI_ROUTES = ("/v1/files", "/v1/batches")
 
 
 def invalid(loc: tuple[str, ...], message: str, kind: str) -> RequestValidationError:
@@ -25,13 +30,35 @@ def job_not_found(job_id: str) -> HTTPException:
 
 def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, _unprocessable)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(OperationalError, _database_down)
     app.add_exception_handler(Exception, _internal)
 
 
 async def _unprocessable(request: Request, error: Exception) -> JSONResponse:
     assert isinstance(error, RequestValidationError)
-    return JSONResponse({"detail": [_concise(item) for item in error.errors()]}, status_code=422)
+    problems = [_concise(item) for item in error.errors()]
+    body: dict[str, Any] = {"detail": problems}
+    if request.url.path.startswith(OPENAI_ROUTES) and problems:
+        message = "; ".join(f"{_param(p)}: {p['msg']}" if _param(p) else p["msg"] for p in problems)
+        body["error"] = _openai_error(message, _param(problems[0]), problems[0]["type"])
+    return JSONResponse(body, status_code=422)
+
+
+async def _http_error(request: Request, error: Exception) -> Response:
+    assert isinstance(error, StarletteHTTPException)
+    if not request.url.path.startswith(OPENAI_ROUTES):
+        return await http_exception_handler(request, error)
+    body = {"detail": error.detail, "error": _openai_error(str(error.detail), None, None)}
+    return JSONResponse(body, status_code=error.status_code, headers=error.headers)
+
+
+def _openai_error(message: str, param: str | None, code: str | None) -> dict[str, Any]:
+    return {"message": message, "type": "invalid_request_error", "param": param, "code": code}
+
+
+def _param(problem: dict[str, Any]) -> str | None:
+    return ".".join(str(part) for part in problem["loc"] if part != "body") or None
 
 
 def _concise(error: dict[str, Any]) -> dict[str, Any]:

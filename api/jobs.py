@@ -16,6 +16,7 @@ from api.prompts import PromptError
 from core.models import Job, utcnow
 from core.spec import JobSpec
 from core.states import TERMINAL, JobStatus
+from core.webhooks import publish_deliveries, record_event, url_refusal
 
 logger = logging.getLogger(__name__)
 
@@ -26,6 +27,8 @@ async def submit(service: Service, spec: JobSpec, idempotency_key: str | None) -
     The row is committed before its id is published, so a worker never receives an id it cannot load.
     """
     job = _new_job(service, spec, idempotency_key)
+    if job.webhook_url is not None:
+        await run_in_threadpool(check_webhook_url, service, job.webhook_url)  # it may resolve a host name
     if idempotency_key is None:
         await service.submitter.submit(job)
         return job, True
@@ -65,11 +68,23 @@ def _new_job(service: Service, spec: JobSpec, idempotency_key: str | None) -> Jo
         params=spec.engine_params(),
         meta=spec.metadata,
         webhook_url=str(spec.webhook_url) if spec.webhook_url else None,
+        webhook_events=spec.webhook_events,
         idempotency_key=idempotency_key,
         request_hash=request_hash(spec) if idempotency_key else None,
         queued_at=now,
         published_at=now,
     )
+
+
+def check_webhook_url(service: Service, url: str) -> None:
+    """Refuse a URL that is, or resolves now to, a private address (the sender checks again, as DNS can
+    change); a host that does not resolve now is accepted."""
+    try:
+        refusal = url_refusal(url, service.settings.webhook_allow_private)
+    except OSError:
+        return
+    if refusal is not None:
+        raise invalid(("body", "webhook_url"), refusal, "webhook_url_refused")
 
 
 def request_hash(spec: JobSpec) -> str:
@@ -99,12 +114,19 @@ def get(service: Service, job_id: str) -> Job:
 
 
 def page(
-    service: Service, limit: int, after: str | None, statuses: list[JobStatus], metadata: dict[str, str]
+    service: Service,
+    limit: int,
+    after: str | None,
+    statuses: list[JobStatus],
+    metadata: dict[str, str],
+    batch_id: str | None = None,
 ) -> tuple[list[Job], bool]:
     """Up to ``limit`` jobs older than the cursor ``after``, newest first, and whether more follow."""
     query = select(Job).order_by(Job.id.desc()).limit(limit + 1)
     if after is not None:
         query = query.where(Job.id < after)  # ids are time-ordered
+    if batch_id is not None:
+        query = query.where(Job.batch_id == batch_id)
     if statuses:
         query = query.where(Job.status.in_(statuses))
     for key, value in metadata.items():
@@ -120,9 +142,15 @@ def cancel(service: Service, job_id: str) -> tuple[Job, bool]:
         for _ in range(3):  # the job may move between the conditional updates (claimed, requeued)
             cancelled = {"status": JobStatus.CANCELLED, "finished_at": utcnow()}
             if _update_if(session, job_id, JobStatus.QUEUED, cancelled):
-                return _reload(session, job_id), True
+                job = _reload(session, job_id)
+                deliveries = record_event(session, service.settings, "job.cancelled", job=job)
+                session.commit()  # the cancellation and its webhook deliveries, together
+                publish_deliveries(service.celery, deliveries)
+                return job, True
             if _update_if(session, job_id, JobStatus.RUNNING, {"cancel_requested": True}):
+                session.commit()
                 return _reload(session, job_id), False
+            session.commit()
             job = _reload(session, job_id)
             if job.status in TERMINAL:
                 raise HTTPException(409, f"job {job_id} is already {job.status}; there is nothing to cancel")
@@ -134,7 +162,6 @@ def _update_if(session: Session, job_id: str, status: JobStatus, values: dict[st
         update(Job).where(Job.id == job_id, Job.status == status).values(values),
         execution_options={"synchronize_session": False},
     )
-    session.commit()
     return result.rowcount == 1  # type: ignore[attr-defined]
 
 

@@ -17,6 +17,13 @@ class PromptError(ValueError):
         self.field = field
 
 
+class ContextExceeded(PromptError):
+    """The prompt and its max_tokens do not fit the model's context."""
+
+
+ENCODE_CHUNK = 2048  # texts per batch encode: the lock is released between chunks
+
+
 def context_length(model_dir: Path, max_model_len: int | None) -> int:
     """The tokens a job may span (prompt + output), the way the engine computes it."""
     config = AutoConfig.from_pretrained(model_dir)
@@ -40,13 +47,79 @@ class PromptEncoder:
         self._lock = threading.Lock()
 
     def encode(self, spec: JobSpec) -> list[int]:
-        if spec.messages is not None:
-            field, token_ids = "messages", self._chat(spec.messages)
-        else:
-            field, token_ids = "prompt", self._text(spec.prompt or "")
+        token_ids = self._chat(spec.messages) if spec.messages is not None else self._text(spec.prompt or "")
+        result = self._checked(spec, token_ids)
+        if isinstance(result, PromptError):
+            raise result
+        return result
+
+    def encode_many(self, specs: list[JobSpec]) -> list[list[int] | PromptError]:
+        """``encode`` for many specs at once, each answered by its ids or its error: the chat templates
+        are rendered, then the texts batch-encoded by the Rust tokenizer, a chunk at a time."""
+        results: list[list[int] | PromptError] = []
+        for start in range(0, len(specs), ENCODE_CHUNK):
+            chunk = specs[start : start + ENCODE_CHUNK]
+            results += self._encode_chunk(chunk, self._render_many(chunk))
+        return results
+
+    def _render_many(self, specs: list[JobSpec]) -> list[str | PromptError]:
+        """Prompts as they are; chats through the template in one call (one by one if it rejects any)."""
+        chats = [[message.model_dump() for message in spec.messages] for spec in specs if spec.messages]
+        try:
+            rendered = iter(
+                self.tokenizer.apply_chat_template(chats, add_generation_prompt=True, tokenize=False)
+                if chats
+                else []
+            )
+        except Exception:  # find which chat the template rejects, and why
+            return [self._render(spec) for spec in specs]
+        return [next(rendered) if spec.messages else spec.prompt or "" for spec in specs]
+
+    def _render(self, spec: JobSpec) -> str | PromptError:
+        if spec.messages is None:
+            return spec.prompt or ""
+        try:
+            return self._template([message.model_dump() for message in spec.messages])
+        except PromptError as error:
+            return error
+
+    def _encode_chunk(
+        self, specs: list[JobSpec], texts: list[str | PromptError]
+    ) -> list[list[int] | PromptError]:
+        results: list[list[int] | PromptError] = [t if isinstance(t, PromptError) else [] for t in texts]
+        # A raw prompt gets the tokenizer's special tokens (BOS); a rendered chat has its own.
+        for is_chat in (False, True):
+            todo = [
+                i
+                for i, t in enumerate(texts)
+                if isinstance(t, str) and (specs[i].messages is not None) == is_chat
+            ]
+            encoded = self._encode_texts([str(texts[i]) for i in todo], add_special_tokens=not is_chat)
+            for i, token_ids in zip(todo, encoded, strict=True):
+                results[i] = self._checked(specs[i], token_ids)
+        return results
+
+    def _encode_texts(self, texts: list[str], add_special_tokens: bool) -> list[list[int]]:
+        with self._lock:
+            if not self.tokenizer.is_fast:
+                return [self.tokenizer.encode(text, add_special_tokens=add_special_tokens) for text in texts]
+            encodings = self.tokenizer.backend_tokenizer.encode_batch_fast(
+                texts, add_special_tokens=add_special_tokens
+            )
+        return [encoding.ids for encoding in encodings]
+
+    def _checked(self, spec: JobSpec, token_ids: list[int]) -> list[int] | PromptError:
+        """The ids, or why they cannot run: no tokens, or more than the context with max_tokens."""
+        field = "messages" if spec.messages is not None else "prompt"
         if not token_ids:
-            raise PromptError(field, "the prompt encodes to no tokens")
-        self._check_fits(field, len(token_ids), spec.max_tokens)
+            return PromptError(field, "the prompt encodes to no tokens")
+        total = len(token_ids) + spec.max_tokens
+        if total > self.context_length:
+            return ContextExceeded(
+                field,
+                f"prompt ({len(token_ids)} tokens) + max_tokens ({spec.max_tokens}) = {total} tokens "
+                f"exceeds the model's context of {self.context_length} tokens",
+            )
         return token_ids
 
     def _text(self, prompt: str) -> list[int]:
@@ -54,20 +127,14 @@ class PromptEncoder:
             return self.tokenizer.encode(prompt)
 
     def _chat(self, messages: list[ChatMessage]) -> list[int]:
-        chat = [message.model_dump() for message in messages]
+        text = self._template([message.model_dump() for message in messages])
         with self._lock:
-            try:
-                text = self.tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
-            except Exception as error:  # no template, or the template rejects the chat (jinja raise)
-                message = f"the model's chat template rejects these messages: {error}"
-                raise PromptError("messages", message) from error
             return self.tokenizer.encode(text, add_special_tokens=False)
 
-    def _check_fits(self, field: str, prompt_tokens: int, max_tokens: int) -> None:
-        total = prompt_tokens + max_tokens
-        if total > self.context_length:
-            raise PromptError(
-                field,
-                f"prompt ({prompt_tokens} tokens) + max_tokens ({max_tokens}) = {total} tokens "
-                f"exceeds the model's context of {self.context_length} tokens",
-            )
+    def _template(self, chat: list[dict[str, str]]) -> str:
+        """The chat as text (jinja alone: no tokenizer state, so no lock)."""
+        try:
+            return self.tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
+        except Exception as error:  # no template, or the template rejects the chat (jinja raise)
+            message = f"the model's chat template rejects these messages: {error}"
+            raise PromptError("messages", message) from error

@@ -63,6 +63,26 @@ def _ms_between(start: datetime | None, end: datetime | None) -> float | None:
     return (end - start).total_seconds() * 1000 if start and end else None
 
 
+class ChoiceOut(BaseModel):
+    index: int
+    text: str
+    finish_reason: str | None
+    completion_tokens: int
+
+    @classmethod
+    def all_of(cls, job: Job) -> list["ChoiceOut"]:
+        if not job.choices:
+            return [
+                cls(
+                    index=0,
+                    text=job.output_text,
+                    finish_reason=job.finish_reason,
+                    completion_tokens=job.completion_tokens,
+                )
+            ]
+        return [cls(index=i, **choice) for i, choice in enumerate(job.choices)]
+
+
 class JobOut(BaseModel):
     """A job as the API reports it; ``output`` grows while it runs (flushed about once a second)."""
 
@@ -73,8 +93,12 @@ class JobOut(BaseModel):
     params: dict[str, Any] = Field(description="the sampling parameters it runs with")
     metadata: dict[str, str]
     webhook_url: str | None
-    output: str = Field(description="the generated text; partial while running")
+    webhook_events: list[str] | None = Field(description="the events webhook_url receives; null: all")
+    batch_id: str | None = Field(description="the batch whose input file held this job's line")
+    custom_id: str | None = Field(description="that line's custom_id")
+    output: str = Field(description="the generated text (of the first choice); partial while running")
     finish_reason: str | None = Field(description="stop, length, abort, … once finished")
+    choices: list[ChoiceOut] = Field(description="every sample (n) or returned beam, best first for beams")
     error: str | None
     cancel_requested: bool
     attempt: int = Field(description="how many times a worker has claimed it")
@@ -91,8 +115,12 @@ class JobOut(BaseModel):
             params=job.params,
             metadata=job.meta,
             webhook_url=job.webhook_url,
+            webhook_events=job.webhook_events,
+            batch_id=job.batch_id,
+            custom_id=job.custom_id,
             output=job.output_text,
             finish_reason=job.finish_reason,
+            choices=ChoiceOut.all_of(job),
             error=job.error,
             cancel_requested=job.cancel_requested,
             attempt=job.attempt,

@@ -7,9 +7,11 @@ embedded mode) from the job row's partial output, which the worker flushes every
 """
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 
-from fastapi.sse import ServerSentEvent
+from fastapi.sse import ServerSentEvent, format_sse_event
+from pydantic import BaseModel
 from redis.asyncio import Redis
 from starlette.concurrency import run_in_threadpool
 
@@ -79,3 +81,11 @@ async def _from_row(service: Service, job_id: str) -> AsyncIterator[ServerSentEv
             yield ServerSentEvent(event="job", data=JobOut.of(job))
             return
         await asyncio.sleep(service.settings.flush_interval)
+
+
+async def encoded(events: AsyncIterator[ServerSentEvent]) -> AsyncIterator[bytes]:
+    """The SSE wire format of ``events`` (their data as JSON)."""
+    async for event in events:
+        data = event.data
+        text = data.model_dump_json() if isinstance(data, BaseModel) else json.dumps(data, ensure_ascii=False)
+        yield format_sse_event(data_str=text, event=event.event)

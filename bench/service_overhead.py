@@ -10,10 +10,18 @@ Needs wrk (Debian: apt-get install wrk), PostgreSQL and Redis as the tests use t
    ``max_tokens=1`` submitted one at a time (``Prefer: wait``); latency = started_at − queued_at
    (row committed → first scheduled by the engine), p50 and p99. Baseline: the same request through
    ``LLMEngine`` directly (add_request → first scheduled).
-Targets (2-core machine): >= 500 accepted jobs/s, p50 queue-to-engine latency < 50 ms.
+3. Batch accept: a ``--batch-lines`` chat batch file (50,000 lines) through ``POST /v1/files`` and
+   ``POST /v1/batches`` while no worker runs: lines/s until the batch is ``in_progress`` (every line
+   checked, tokenized, and committed as a job), then how fast its messages are published in the background.
+4. With ``--batch-e2e``: a ``--batch-docs`` document batch (chat, greedy, ``--batch-max-tokens`` each)
+   run by one worker, from upload to ``completed``, against ``LLM.chat`` on the same prompts with the
+   worker's engine settings: output tokens/s of each.
+Targets (2-core machine): >= 500 accepted jobs/s, p50 queue-to-engine latency < 50 ms, >= 5,000 batch
+lines accepted/s.
 """
 
 import argparse
+import json
 import os
 import platform
 import re
@@ -38,7 +46,8 @@ from migrations import upgrade  # noqa: E402
 
 ADMIN_URL = os.environ.get("PAGEDQ_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres")
 DATABASE = "pagedq_bench"
-TARGET_ACCEPTED_PER_S, TARGET_P50_MS = 500.0, 50.0
+TARGET_ACCEPTED_PER_S, TARGET_P50_MS, TARGET_BATCH_LINES_PER_S = 500.0, 50.0, 5000.0
+DOCUMENT = "The committee met on Tuesday to review the budget, the hiring plan and the new office lease."
 
 
 def fresh_settings(model: str) -> Settings:
@@ -124,6 +133,95 @@ def engine_latencies(model: str, n: int) -> list[float]:
     return latencies
 
 
+def batch_file(lines: int, max_tokens: int) -> bytes:
+    """Chat requests: one instruction, then a distinct short document each."""
+    instruction = {"role": "system", "content": "Summarise the document in one sentence."}
+    return b"".join(
+        json.dumps(
+            {
+                "custom_id": f"doc-{i}",
+                "method": "POST",
+                "url": "/v1/chat/completions",
+                "body": {
+                    "messages": [instruction, {"role": "user", "content": f"Document {i}. {DOCUMENT}"}],
+                    "max_tokens": max_tokens,
+                    "temperature": 0,
+                    "ignore_eos": True,
+                },
+            }
+        ).encode()
+        + b"\n"
+        for i in range(lines)
+    )
+
+
+def create_batch(client: httpx.Client, data: bytes) -> dict:
+    file = client.post("/v1/files", files={"file": ("bench.jsonl", data)}, data={"purpose": "batch"})
+    body = {
+        "input_file_id": file.json()["id"],
+        "endpoint": "/v1/chat/completions",
+        "completion_window": "24h",
+    }
+    batch = client.post("/v1/batches", json=body).json()
+    if batch.get("status") != "in_progress":
+        raise SystemExit(f"the batch was not accepted: {batch}")
+    return batch
+
+
+def batch_accept(url: str, lines: int, broker: redis.Redis, queue: str) -> tuple[float, float]:
+    """Lines/s accepted (upload + create), and messages/s published in the background after it."""
+    data = batch_file(lines, max_tokens=32)
+    with httpx.Client(base_url=url, timeout=600) as client:
+        start = time.monotonic()
+        create_batch(client, data)
+        accepted = time.monotonic() - start
+    while sum(broker.llen(key) for key in broker.keys(queue + "*")) < lines:
+        time.sleep(0.05)
+    published = time.monotonic() - start
+    return lines / accepted, lines / published
+
+
+def drop_queued(settings: Settings) -> None:
+    """Nobody will run the jobs queued so far: remove their messages and cancel them."""
+    broker = redis.Redis.from_url(settings.resolved_broker_url)
+    if keys := broker.keys(queue_name(settings.served_model_name) + "*"):
+        broker.delete(*keys)
+    with psycopg.connect(ADMIN_URL.rsplit("/", 1)[0] + f"/{DATABASE}", autocommit=True) as db:
+        db.execute("UPDATE jobs SET status = 'cancelled' WHERE status = 'queued'")
+
+
+def batch_end_to_end(url: str, docs: int, max_tokens: int) -> float:
+    """Output tokens/s of a whole batch: upload to ``completed``."""
+    with httpx.Client(base_url=url, timeout=600) as client:
+        start = time.monotonic()
+        batch = create_batch(client, batch_file(docs, max_tokens))
+        while batch["status"] not in ("completed", "failed", "expired", "cancelled"):
+            time.sleep(0.5)
+            batch = client.get(f"/v1/batches/{batch['id']}").json()
+        elapsed = time.monotonic() - start
+    if batch["status"] != "completed" or batch["request_counts"]["completed"] != docs:
+        raise SystemExit(f"the batch did not complete: {batch}")
+    return batch["usage"]["output_tokens"] / elapsed
+
+
+def generate_directly(settings: Settings, docs: int, max_tokens: int) -> float:
+    """Output tokens/s of ``LLM.chat`` on the same requests, with the worker's engine settings."""
+    from worker.engine import LLM, SamplingParams
+
+    llm = LLM(
+        settings.model,
+        max_num_seqs=settings.max_num_seqs,
+        max_num_batched_tokens=settings.max_num_batched_tokens,
+    )
+    requests = [json.loads(line)["body"] for line in batch_file(docs, max_tokens).splitlines()]
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    llm.chat([requests[0]["messages"]], params)  # warm, as the worker is by then
+    start = time.monotonic()
+    outputs = llm.chat([request["messages"] for request in requests], params)
+    elapsed = time.monotonic() - start
+    return sum(len(out.outputs[0].token_ids) for out in outputs) / elapsed
+
+
 def percentile(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1]
 
@@ -134,6 +232,10 @@ def main() -> None:
     parser.add_argument("--seconds", type=int, default=10, help="length of each wrk run")
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--latency-jobs", type=int, default=200)
+    parser.add_argument("--batch-lines", type=int, default=50_000, help="lines of the batch-accept file")
+    parser.add_argument("--batch-e2e", action="store_true", help="also run a batch end to end vs LLM.chat")
+    parser.add_argument("--batch-docs", type=int, default=1000)
+    parser.add_argument("--batch-max-tokens", type=int, default=32)
     args = parser.parse_args()
 
     settings = fresh_settings(args.model)
@@ -146,15 +248,17 @@ def main() -> None:
         wait_ready(url)
         health = hammer(url, args.seconds, args.concurrency, post_jobs=False, logs=logs)
         accepted = hammer(url, args.seconds, args.concurrency, post_jobs=True, logs=logs)
-        queue = queue_name(settings.served_model_name)
+        drop_queued(settings)
         broker = redis.Redis.from_url(settings.resolved_broker_url)
-        broker.delete(*broker.keys(queue + "*"))  # nobody will run those jobs
-        with psycopg.connect(ADMIN_URL.rsplit("/", 1)[0] + f"/{DATABASE}", autocommit=True) as db:
-            db.execute("UPDATE jobs SET status = 'cancelled' WHERE status = 'queued'")
+        queue = queue_name(settings.served_model_name)
+        batch_rate, publish_rate = batch_accept(url, args.batch_lines, broker, queue)
+        drop_queued(settings)
 
         worker = start("worker", settings, logs / "worker.log")
         try:
             latencies = queue_latencies(url, args.latency_jobs)
+            if args.batch_e2e:
+                batch_tps = batch_end_to_end(url, args.batch_docs, args.batch_max_tokens)
         finally:
             worker.terminate()
             worker.wait(60)
@@ -162,6 +266,8 @@ def main() -> None:
         api.terminate()
         api.wait(60)
     direct = engine_latencies(args.model, args.latency_jobs)
+    if args.batch_e2e:
+        generate_tps = generate_directly(settings, args.batch_docs, args.batch_max_tokens)
 
     p50, p99 = percentile(latencies, 50), percentile(latencies, 99)
     print(
@@ -180,6 +286,21 @@ def main() -> None:
         f"  target p50 < {TARGET_P50_MS:.0f} ms: p50 / target = {p50 / TARGET_P50_MS:.2f}, "
         f"{'PASS' if p50 < TARGET_P50_MS else 'MISS'}"
     )
+    print(
+        f"batch accept, {args.batch_lines} lines (POST /v1/files + /v1/batches): {batch_rate:.0f} lines/s; "
+        f"published in the background at {publish_rate:.0f} messages/s"
+    )
+    print(
+        f"  target >= {TARGET_BATCH_LINES_PER_S:.0f} lines/s: "
+        f"{batch_rate / TARGET_BATCH_LINES_PER_S:.2f}x of target, "
+        f"{'PASS' if batch_rate >= TARGET_BATCH_LINES_PER_S else 'MISS'}"
+    )
+    if args.batch_e2e:
+        print(
+            f"batch end to end, {args.batch_docs} documents x {args.batch_max_tokens} tokens: "
+            f"{batch_tps:.1f} output tok/s; LLM.chat on the same requests: {generate_tps:.1f} tok/s; "
+            f"batch / LLM.chat = {batch_tps / generate_tps:.2f}x"
+        )
 
 
 if __name__ == "__main__":

@@ -92,7 +92,8 @@ class Job(Base):
     cancel_requested: Mapped[bool] = mapped_column(default=False)
 
     # Results, written while running (partial) and once at the end.
-    output_text: Mapped[str] = mapped_column(Text, default="")
+    output_text: Mapped[str] = mapped_column(Text, default="")  # the first (or only) choice
+    choices: Mapped[list[dict[str, Any]] | None] = mapped_column(JSONType)  # all, when n > 1 (text, …)
     finish_reason: Mapped[str | None] = mapped_column(String(16))
     error: Mapped[str | None] = mapped_column(Text)
     prompt_tokens: Mapped[int] = mapped_column(default=0)

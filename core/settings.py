@@ -27,6 +27,7 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = 8000
     max_wait_seconds: float = 60.0  # the longest ``Prefer: wait=N`` honoured
+    keep_jobs_of_disconnected_clients: bool = False  # an OpenAI-style request whose client left: keep it
 
     # The worker's engine.
     device: str = "auto"
@@ -38,6 +39,7 @@ class Settings(BaseSettings):
     enable_prefix_caching: bool = True
     gpu_memory_utilization: float = 0.9
     kv_cache_bytes: int | None = None
+    enforce_eager: bool = False  # CUDA: no graph capture of decode steps
 
     # Webhooks (Standard Webhooks), sent by ``pagedq webhooks`` from their own queue.
     webhook_url: str = ""  # a global endpoint for every event; jobs and batches may name their own
@@ -45,6 +47,8 @@ class Settings(BaseSettings):
     webhook_allow_private: bool = False  # allow URLs resolving to loopback, private or link-local addresses
     webhook_timeout: float = 10.0
     webhook_max_attempts: int = 8
+    webhook_backoff_base: float = 1.0  # seconds before the first retry; doubles each time, capped, jittered
+    webhook_queue: str = "pagedq.webhooks"  # the broker queue deliveries travel on
 
     # The worker's reliability loop.
     worker_concurrency: int | None = None  # jobs held at once; default: max_num_seqs

@@ -4,6 +4,8 @@ from typing import Annotated, Any, Literal, Self
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, HttpUrl, model_validator
 
+from core.webhooks import JobEvent
+
 
 def _no_nul(text: str) -> str:
     if "\x00" in text:
@@ -36,11 +38,31 @@ class SamplingSpec(BaseModel):
     logprobs: int | None = Field(None, ge=0, le=20, description="top alternatives per token")
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    n: int = Field(1, ge=1, le=16, description="samples to return (beams to return with beam search)")
+    use_beam_search: bool = Field(False, description="beam search over best_of (default n) beams")
+    best_of: int | None = Field(None, ge=2, le=16, description="beam width")
+    length_penalty: float = Field(1.0, ge=-10.0, le=10.0, description="beam score = logprob / len**this")
+    early_stopping: bool | Literal["never"] = False
 
     @model_validator(mode="after")
     def _min_within_max(self) -> Self:
         if self.min_tokens > self.max_tokens:
             raise ValueError(f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
+        return self
+
+    @model_validator(mode="after")
+    def _beam_search_is_greedy(self) -> Self:
+        if not self.use_beam_search:
+            if self.best_of is not None:
+                raise ValueError("best_of is the beam width: it needs use_beam_search")
+            return self
+        width = self.best_of or self.n
+        if width < 2 or width < self.n:
+            raise ValueError(
+                f"beam search needs best_of (or n) >= 2 and >= n, got best_of={width}, n={self.n}"
+            )
+        if self.temperature != 0.0 or self.stop or self.logprobs is not None:
+            raise ValueError("beam search takes temperature 0 and neither stop strings nor logprobs")
         return self
 
     def engine_params(self) -> dict[str, Any]:
@@ -68,7 +90,10 @@ class JobSpec(SamplingSpec):
     model: str | None = Field(None, description="must name the served model when given")
     priority: int = Field(0, ge=-100, le=100, description="lower runs first")
     metadata: Metadata = Field(default_factory=dict, max_length=16)
-    webhook_url: HttpUrl | None = None
+    webhook_url: HttpUrl | None = Field(None, description="receives this job's events (Standard Webhooks)")
+    webhook_events: list[JobEvent] | None = Field(
+        None, max_length=3, description="the events webhook_url receives; default: all job events"
+    )
 
     @model_validator(mode="after")
     def _exactly_one_input(self) -> Self:

@@ -48,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     model = commands.add_parser("fetch-model", help="build the default model's Hugging Face directory once")
     model.set_defaults(func=run_fetch_model)
 
-    up = commands.add_parser("up", help="API and worker in one process tree, on SQLite and a local broker")
+    up = commands.add_parser("up", help="API, worker and webhook sender on SQLite and a local broker")
     api = commands.add_parser("api", help="serve the REST API")
     for serving in (up, api):
         serving.add_argument("--host", help="default: $PAGEDQ_HOST or 127.0.0.1")
@@ -57,6 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     api.set_defaults(func=run_service, service="api")
     worker = commands.add_parser("worker", help="run one engine that drains its model's queue")
     worker.set_defaults(func=run_service, service="worker")
+    webhooks = commands.add_parser("webhooks", help="send webhooks: signed, retried, recorded")
+    webhooks.set_defaults(func=run_service, service="webhooks")
     migrate = commands.add_parser("migrate", help="bring the database schema to the latest revision")
     migrate.set_defaults(func=run_service, service="migrate")
 
@@ -65,6 +67,15 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("--wait", action="store_true", help="wait for every job and write its result")
     submit.add_argument("--out", type=Path, help="write the JSONL (ids, or results with --wait) here")
     submit.add_argument("--concurrency", type=positive, default=16, help="requests in flight at once")
+    submit.add_argument(
+        "--batch",
+        action="store_true",
+        help="the file holds OpenAI batch request lines: run it as one batch (POST /v1/batches), wait, "
+        "and write every line's result in input order",
+    )
+    submit.add_argument(
+        "--endpoint", choices=BATCH_ENDPOINTS, default=BATCH_ENDPOINTS[0], help="with --batch"
+    )
     submit.set_defaults(func=run_submit)
     jobs = commands.add_parser("jobs", help="read, list and cancel jobs")
     actions = jobs.add_subparsers(required=True, metavar="ACTION", dest="action")
@@ -84,6 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 STATUSES = ["queued", "running", "succeeded", "failed", "cancelled"]
+BATCH_ENDPOINTS = ["/v1/chat/completions", "/v1/completions"]
 
 
 def positive(text: str) -> int:
@@ -138,15 +150,24 @@ def run_service(args: argparse.Namespace) -> int:
 
     overrides = {k: v for k in ("host", "port") if (v := getattr(args, k, None)) is not None}
     settings = Settings(**overrides)
-    {"up": serve.up, "api": serve.serve_api, "worker": serve.serve_worker, "migrate": serve.migrate}[
-        args.service
-    ](settings)
+    services = {
+        "up": serve.up,
+        "api": serve.serve_api,
+        "worker": serve.serve_worker,
+        "webhooks": serve.serve_webhooks,
+        "migrate": serve.migrate,
+    }
+    services[args.service](settings)
     return 0
 
 
 def run_submit(args: argparse.Namespace) -> int:
     from pagedq.client import submit_file
 
+    if args.batch:
+        from pagedq.batch import submit_batch
+
+        return submit_batch(args.file, api_url(args), endpoint=args.endpoint, out=args.out)
     return submit_file(args.file, api_url(args), wait=args.wait, out=args.out, concurrency=args.concurrency)
 
 

@@ -78,12 +78,16 @@ class Api:
         return self._call(method, path, **kwargs)
 
     def _call(self, method: str, path: str, **kwargs: Any) -> Json:
+        return self.send(method, path, **kwargs).json()
+
+    def send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        """The successful response, else ``ApiError``."""
         try:
             response = self.http.request(method, path, **kwargs)
         except httpx.TransportError as error:
             raise ApiError(f"cannot reach the API at {self.url}: {error or type(error).__name__}") from None
         if response.is_success:
-            return response.json()
+            return response
         raise ApiError(_detail(response), response.status_code)
 
 

@@ -1,4 +1,4 @@
-"""The service commands: ``pagedq up`` (embedded), ``api``, ``worker`` and ``migrate``."""
+"""The service commands: ``pagedq up`` (embedded), ``api``, ``worker``, ``webhooks`` and ``migrate``."""
 
 import logging
 import os
@@ -55,22 +55,35 @@ def serve_worker(settings: Settings) -> None:
     run_worker(settings)
 
 
+def serve_webhooks(settings: Settings) -> None:
+    from worker.webhooks import run_webhooks
+
+    run_webhooks(settings)
+
+
 def up(settings: Settings) -> None:
-    """API and worker together: migrate, start the worker as a child, serve the API in this process."""
+    """API, worker and webhook sender: migrate, start the worker and the sender as children, serve the API
+    in this process."""
     from worker.engine.default_model import resolve_model
 
     migrate(settings)
     resolve_model(settings.model)  # build the default model once, before two processes want it
-    worker = subprocess.Popen([sys.executable, "-m", "pagedq", "worker"], env=_env_for(settings))
+    children = {
+        name: subprocess.Popen([sys.executable, "-m", "pagedq", name], env=_env_for(settings))
+        for name in ("worker", "webhooks")
+    }
     api_stopping = threading.Event()
-    threading.Thread(target=_stop_when_worker_dies, args=(worker, api_stopping), daemon=True).start()
+    for name, child in children.items():
+        threading.Thread(target=_stop_when_child_dies, args=(name, child, api_stopping), daemon=True).start()
     try:
         serve_api(settings)
     finally:
         api_stopping.set()
-        if worker.poll() is None:
-            worker.send_signal(signal.SIGTERM)
-            worker.wait()
+        for child in children.values():
+            if child.poll() is None:
+                child.send_signal(signal.SIGTERM)
+        for child in children.values():
+            child.wait()
 
 
 def _env_for(settings: Settings) -> dict[str, str]:
@@ -80,10 +93,10 @@ def _env_for(settings: Settings) -> dict[str, str]:
     return env
 
 
-def _stop_when_worker_dies(worker: subprocess.Popen[bytes], api_stopping: threading.Event) -> None:
-    code = worker.wait()
+def _stop_when_child_dies(name: str, child: subprocess.Popen[bytes], api_stopping: threading.Event) -> None:
+    code = child.wait()
     if code != 0 and not api_stopping.is_set():  # 0: it drained on a signal that reaches the API too
-        logger.error("the worker exited; stopping the API", extra={"exit_code": code})
+        logger.error("a child process exited; stopping the API", extra={"process": name, "exit_code": code})
         os.kill(os.getpid(), signal.SIGTERM)
 
 

@@ -23,7 +23,7 @@ def setting_names() -> set[str]:
 
 def test_every_pagedq_service_runs_an_existing_command() -> None:
     parser = build_parser()
-    assert set(PAGEDQ_SERVICES) == {"migrate", "api", "worker", "worker-cpu"}
+    assert set(PAGEDQ_SERVICES) == {"migrate", "api", "worker", "worker-cpu", "webhooks"}
     for name, service in PAGEDQ_SERVICES.items():
         args = parser.parse_args(service["command"])
         assert args.func is not None, name
@@ -42,7 +42,7 @@ def test_every_variable_the_files_set_is_a_setting() -> None:
 def test_the_services_wait_for_what_they_need() -> None:
     assert "healthcheck" in SERVICES["postgres"] and "healthcheck" in SERVICES["redis"]
     assert SERVICES["postgres"]["volumes"] and SERVICES["migrate"]["restart"] == "no"
-    for name in ("api", "worker", "worker-cpu"):
+    for name in ("api", "worker", "worker-cpu", "webhooks"):
         needs = SERVICES[name]["depends_on"]
         assert needs["migrate"]["condition"] == "service_completed_successfully", name
         assert needs["redis"]["condition"] == "service_healthy", name

@@ -142,3 +142,17 @@ def test_queued_job_whose_message_was_lost_is_republished(service_settings, db, 
     spawn(service_settings, db, workers, tmp_path)
     [job] = db.wait_until([job_id], {"succeeded"}, timeout=60)
     assert job.attempt == 1
+
+
+def test_a_beam_search_job_returns_every_beam_best_first(service_settings, db, workers, tmp_path):
+    spawn(service_settings, db, workers, tmp_path)
+    params = {"max_tokens": 12, "temperature": 0, "use_beam_search": True, "n": 3}
+    with api_client(service_settings) as client:
+        job_id = submit(client, prompt=PROMPTS[0], **params)
+        db.wait_until([job_id], {"succeeded"}, timeout=60)
+        body = client.get(f"/v1/jobs/{job_id}").json()
+    llm = LLM(service_settings.model, device="cpu", dtype="float32", kv_cache_bytes=64 * 2**20)
+    [want] = llm.generate([PROMPTS[0]], SamplingParams(**params))
+    assert [c["text"] for c in body["choices"]] == [o.text.replace("\x00", "\ufffd") for o in want.outputs]
+    assert body["output"] == body["choices"][0]["text"] and len(body["choices"]) == 3
+    assert body["usage"]["completion_tokens"] == sum(len(o.token_ids) for o in want.outputs)

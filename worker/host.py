@@ -10,7 +10,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from enum import Enum
 
@@ -31,13 +31,21 @@ class RunResult(Enum):
 
 
 @dataclass
+class Choice:
+    """One of a job's n samples (or returned beams)."""
+
+    text: str = ""
+    completion_tokens: int = 0
+    finish_reason: str | None = None
+
+
+@dataclass
 class Flight:
     """A job in the engine: what it produced so far, and how its run ends."""
 
     job: ClaimedJob
     done: threading.Event = field(default_factory=threading.Event)
-    text: str = ""
-    completion_tokens: int = 0
+    choices: list[Choice] = field(default_factory=lambda: [Choice()])
     cached_tokens: int = 0
     token_times: list[float] = field(default_factory=list)  # monotonic
     started: float | None = None
@@ -157,18 +165,23 @@ class EngineHost:
         flight = self.flights.get(output.request_id)
         if flight is None:
             return
-        sample, metrics = output.outputs[0], output.metrics
+        metrics = output.metrics
         with self.lock:
-            flight.text += sample.text
-            flight.completion_tokens += len(sample.token_ids)
+            for sample in output.outputs:
+                flight.choices.extend(Choice() for _ in range(sample.index + 1 - len(flight.choices)))
+                choice = flight.choices[sample.index]
+                choice.text += sample.text
+                choice.completion_tokens += len(sample.token_ids)
+                choice.finish_reason = sample.finish_reason or choice.finish_reason
             flight.cached_tokens = output.num_cached_tokens
             flight.token_times = list(metrics.token_times)
             flight.started, flight.first_token = metrics.first_scheduled_time, metrics.first_token_time
             flight.dirty = True
         if self.streamer is not None:
-            self.streamer.put(flight.job.id, flight.job.attempt, sample.text, output.finished)
+            text = "".join(sample.text for sample in output.outputs if sample.index == 0)
+            self.streamer.put(flight.job.id, flight.job.attempt, text, output.finished)
         if output.finished:
-            reason = sample.finish_reason
+            reason = flight.choices[0].finish_reason
             status = flight.abort_as if reason == "abort" and flight.abort_as else JobStatus.SUCCEEDED
             self._end(flight, status, finish_reason=reason)
 
@@ -245,8 +258,9 @@ class EngineHost:
         return Progress(
             job_id=flight.job.id,
             attempt=flight.job.attempt,
-            output_text=flight.text,
-            completion_tokens=flight.completion_tokens,
+            output_text=flight.choices[0].text,
+            completion_tokens=sum(choice.completion_tokens for choice in flight.choices),
+            choices=[asdict(choice) for choice in flight.choices] if len(flight.choices) > 1 else None,
             cached_tokens=flight.cached_tokens,
             token_times_ms=[round((t - started) * 1000, 3) for t in flight.token_times] if started else [],
             started_at=self._wall(started),

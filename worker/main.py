@@ -17,6 +17,8 @@ from core.db import make_engine, make_sessionmaker
 from core.queue import RUN_JOB_TASK, make_celery, publish_job, queue_depth, queue_name
 from core.settings import Settings
 from core.streams import streams_url
+from core.webhooks import Outbox
+from worker.batches import BatchKeeper
 from worker.engine import EngineConfig, LLMEngine
 from worker.host import EngineHost, RunResult
 from worker.reconciler import Reconciler
@@ -39,6 +41,7 @@ def build_engine(settings: Settings) -> LLMEngine:
             enable_prefix_caching=settings.enable_prefix_caching,
             gpu_memory_utilization=settings.gpu_memory_utilization,
             kv_cache_bytes=settings.kv_cache_bytes,
+            enforce_eager=settings.enforce_eager,
         )
     )
 
@@ -58,13 +61,19 @@ def run_worker(settings: Settings) -> None:
     def publish(job_id: str, priority: int) -> None:
         publish_job(app, job_id, queue, priority)
 
-    store = JobStore(make_sessionmaker(make_engine(settings)), settings.served_model_name)
+    outbox = Outbox(settings, app)  # job ends become webhook deliveries, published by the flusher thread
+    store = JobStore(make_sessionmaker(make_engine(settings)), settings.served_model_name, outbox)
     url = streams_url(settings)
     streamer = TokenStreamer(url) if url else None
     host = EngineHost(build_engine(settings), store, publish, worker_id, settings.flush_interval, streamer)
     register_run_job(app, host)
     reconciler = Reconciler(
-        store, publish, lambda: queue_depth(app, queue), settings.heartbeat_timeout, settings.requeue_after
+        store,
+        publish,
+        lambda: queue_depth(app, queue),
+        settings.heartbeat_timeout,
+        settings.requeue_after,
+        BatchKeeper(store.sessions, outbox),
     )
     stop_reconciling = threading.Event()
     worker_shutting_down.connect(lambda **_: host.drain(settings.shutdown_grace), weak=False)

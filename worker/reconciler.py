@@ -1,10 +1,12 @@
-"""Nothing is lost: jobs of dead workers go back to the queue, and queued jobs without a message get one."""
+"""Nothing is lost: jobs of dead workers go back to the queue, and queued jobs without a message get one.
+Each round also moves batches along (``worker/batches.py``)."""
 
 import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from worker.batches import BatchKeeper
 from worker.host import Publish
 from worker.store import JobStore
 
@@ -18,6 +20,7 @@ class Reconciler:
     queue_depth: Callable[[], int]
     heartbeat_timeout: float
     requeue_after: float
+    batches: BatchKeeper | None = None  # expires, stops and finalizes batches
 
     def run(self, interval: float, stop: threading.Event) -> None:
         while not stop.wait(interval):
@@ -25,6 +28,11 @@ class Reconciler:
                 self.reconcile()
             except Exception:  # broker or database away: try again next round
                 logger.exception("reconcile failed")
+            try:
+                if self.batches is not None:
+                    self.batches.keep()
+            except Exception:
+                logger.exception("keeping batches failed")
 
     def reconcile(self) -> None:
         for job_id, priority in self.store.requeue_orphans(self.heartbeat_timeout):

@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from core.models import Job, Worker, storable, utcnow
 from core.states import JobStatus
+from core.webhooks import Outbox
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,7 @@ class Progress:
     completion_tokens: int = 0
     cached_tokens: int = 0
     token_times_ms: list[float] = field(default_factory=list)
+    choices: list[dict[str, Any]] | None = None  # every sample when a job asked for more than one
     started_at: datetime | None = None
     first_token_at: datetime | None = None
     status: JobStatus | None = None
@@ -44,6 +46,7 @@ class Progress:
     def columns(self) -> dict[str, Any]:
         values = {
             "output_text": storable(self.output_text),
+            "choices": [c | {"text": storable(c["text"])} for c in self.choices] if self.choices else None,
             "completion_tokens": self.completion_tokens,
             "cached_tokens": self.cached_tokens,
             "token_times_ms": self.token_times_ms,
@@ -62,6 +65,7 @@ class Progress:
 
 FRESH_RUN = {
     "output_text": "",
+    "choices": None,
     "completion_tokens": 0,
     "cached_tokens": 0,
     "token_times_ms": [],
@@ -76,6 +80,7 @@ FRESH_RUN = {
 class JobStore:
     sessions: sessionmaker[Session]
     model: str
+    outbox: Outbox | None = None  # where a job's end is recorded as webhook events; None: nowhere
 
     def claim(self, job_id: str, worker_id: str) -> ClaimedJob | None:
         """Take a queued job for a new attempt; None when it is not queued (done, cancelled, taken)."""
@@ -96,15 +101,19 @@ class JobStore:
         """
         try:
             with self.sessions.begin() as session:
-                return {
+                lost = {
                     p.job_id
                     for p in progress
                     if not self._write_one(session, p.job_id, p.attempt, p.columns())
                 }
+                ended = [p.job_id for p in progress if p.status is not None and p.job_id not in lost]
+                deliveries = self._record_events(session, ended)
         except DBAPIError as error:
             if isinstance(error, OperationalError) or error.connection_invalidated or len(progress) == 1:
                 raise
-        return set().union(*(self._write_alone(p) for p in progress))
+            return set().union(*(self._write_alone(p) for p in progress))
+        self._publish(deliveries)
+        return lost
 
     def _write_alone(self, p: Progress) -> set[str]:
         try:
@@ -115,7 +124,11 @@ class JobStore:
             failure = FRESH_RUN | {"status": JobStatus.FAILED, "finished_at": utcnow()}
             failure["error"] = f"the result could not be stored: {error.orig!r}"[:2000]
             with self.sessions.begin() as session:
-                return set() if self._write_one(session, p.job_id, p.attempt, failure) else {p.job_id}
+                if not self._write_one(session, p.job_id, p.attempt, failure):
+                    return {p.job_id}
+                deliveries = self._record_events(session, [p.job_id])
+            self._publish(deliveries)
+            return set()
 
     @staticmethod
     def _write_one(session: Session, job_id: str, attempt: int, values: dict[str, Any]) -> bool:
@@ -125,6 +138,18 @@ class JobStore:
             .values(**values)
         )
         return session.execute(statement).rowcount == 1
+
+    def _record_events(self, session: Session, ended: list[str]) -> list[str]:
+        """Webhook deliveries for jobs that just ended, in the transaction that ended them."""
+        if self.outbox is None or not ended:
+            return []
+        jobs = session.scalars(select(Job).where(Job.id.in_(ended)))
+        return [d for job in jobs for d in self.outbox.record(session, f"job.{job.status}", job=job)]
+
+    def _publish(self, deliveries: list[str]) -> None:
+        """After the commit: a publish that fails is logged; the webhook sender's sweeper repairs it."""
+        if self.outbox is not None and deliveries:
+            self.outbox.publish(deliveries)
 
     def requeue(self, job_id: str, attempt: int) -> int | None:
         """Give a run back to the queue; returns the job's priority, or None if the run is not ours."""
@@ -165,11 +190,13 @@ class JobStore:
         live = select(Worker.id).where(Worker.heartbeat_at > now - timedelta(seconds=heartbeat_timeout))
         orphaned = (Job.model == self.model, Job.status == JobStatus.RUNNING, Job.worker_id.not_in(live))
         with self.sessions.begin() as session:
-            session.execute(
+            cancelled = session.scalars(
                 update(Job)
                 .where(*orphaned, Job.cancel_requested.is_(True))
                 .values(status=JobStatus.CANCELLED, finished_at=now, finish_reason="abort")
-            )
+                .returning(Job.id)
+            ).all()
+            deliveries = self._record_events(session, list(cancelled))
             rows = session.execute(
                 update(Job)
                 .where(*orphaned)
@@ -177,6 +204,7 @@ class JobStore:
                 .returning(Job.id, Job.priority)
             ).all()
             session.execute(delete(Worker).where(Worker.heartbeat_at < now - timedelta(days=1)))
+        self._publish(deliveries)
         return [(job_id, priority) for job_id, priority in rows]
 
     def republish_due(self, older_than: float) -> list[tuple[str, int]]:

@@ -1,16 +1,15 @@
 """``/v1/jobs``: submit, read, list and cancel jobs."""
 
-from collections.abc import AsyncIterable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
-from fastapi.sse import EventSourceResponse, ServerSentEvent
+from fastapi.sse import EventSourceResponse
 from starlette.concurrency import run_in_threadpool
 
 from api import jobs
 from api.deps import Service, ServiceDep
 from api.schemas import ErrorOut, InvalidOut, JobList, JobOut
-from api.streams import job_events
+from api.streams import encoded, job_events
 from api.waiting import wait_preference
 from core.models import Job
 from core.spec import JobSpec
@@ -106,20 +105,25 @@ async def _existing(job_id: str, service: ServiceDep) -> str:
     return (await run_in_threadpool(jobs.get, service, job_id)).id
 
 
+EVENT_STREAM = {
+    200: {
+        "description": "`text/event-stream`: `delta` events, perhaps `restart`, then one `job` event",
+        "content": {"text/event-stream": {"schema": {"type": "string"}}},
+    }
+}
+
+
 @router.get(
     "/{job_id}/events",
-    response_class=EventSourceResponse,
     summary="Follow a job: its text as it is produced, then the finished job (Server-Sent Events)",
     description="Events: `delta` `{text}` for each new piece of output (a late client first gets "
     "everything produced so far), `restart` `{attempt}` if the job is requeued after a fault and starts "
     "over, and last `job`: the finished job as `GET /v1/jobs/{id}` returns it.",
-    responses=NOT_FOUND,
+    responses=EVENT_STREAM | NOT_FOUND,
+    response_class=Response,
 )
-async def follow_job(
-    job_id: Annotated[str, Depends(_existing)], service: ServiceDep
-) -> AsyncIterable[ServerSentEvent]:
-    async for event in job_events(service, job_id):
-        yield event
+async def follow_job(job_id: Annotated[str, Depends(_existing)], service: ServiceDep) -> Response:
+    return EventSourceResponse(encoded(job_events(service, job_id)))
 
 
 LIST_DESCRIPTION = """Newest first, a page at a time: pass the `next_cursor` of a page as `after` to get the
@@ -127,7 +131,8 @@ next one.
 
 Filter by metadata with query parameters named `metadata.<key>`: `?metadata.user=ann&metadata.batch=7`
 returns the jobs whose metadata has `user` equal to `ann` and `batch` equal to `7` (exact string match).
-`status` may be repeated: `?status=queued&status=running`."""
+`status` may be repeated: `?status=queued&status=running`. `batch_id` lists the jobs of one batch (its
+lines, newest first: in reverse input order)."""
 
 
 @router.get("", summary="List jobs", description=LIST_DESCRIPTION, responses=COMMON)
@@ -137,13 +142,14 @@ def list_jobs(
     limit: Annotated[int, Query(ge=1, le=1000, description="jobs per page")] = 50,
     after: Annotated[str | None, Query(description="a `next_cursor`: jobs older than it")] = None,
     status: Annotated[list[JobStatus] | None, Query(description="only jobs in these states")] = None,
+    batch_id: Annotated[str | None, Query(description="only the jobs of this batch")] = None,
 ) -> JobList:
     metadata = {
         key.removeprefix("metadata."): value
         for key, value in request.query_params.multi_items()
         if key.startswith("metadata.")
     }
-    page, has_more = jobs.page(service, limit, after, status or [], metadata)
+    page, has_more = jobs.page(service, limit, after, status or [], metadata, batch_id)
     return JobList(
         data=[JobOut.of(job) for job in page],
         has_more=has_more,

@@ -1,0 +1,56 @@
+"""The queries behind ``/v1/files``: files live in the ``files`` table, content and all."""
+
+from fastapi import HTTPException
+from sqlalchemy import or_, select
+from sqlalchemy.orm import Session, defer
+
+from api.deps import Service
+from core.models import Batch, File, utcnow
+
+MAX_BYTES = 200 * 2**20  # OpenAI's limit for a batch input file
+PURPOSES = ("batch",)  # what may be uploaded; batches write ``batch_output`` files themselves
+
+
+def file_not_found(file_id: str) -> HTTPException:
+    return HTTPException(404, f"file {file_id!r} not found")
+
+
+def store(service: Service, filename: str, purpose: str, content: bytes) -> File:
+    file = File(purpose=purpose, filename=filename, bytes=len(content), content=content, created_at=utcnow())
+    with service.sessions.begin() as session:
+        session.add(file)
+    return file
+
+
+def get(service: Service, file_id: str) -> File:
+    """The file's description, without loading its content."""
+    with service.sessions() as session:
+        file = session.get(File, file_id, options=[defer(File.content)])
+    if file is None:
+        raise file_not_found(file_id)
+    return file
+
+
+def content(service: Service, file_id: str) -> bytes:
+    with service.sessions() as session:
+        data = session.scalar(select(File.content).where(File.id == file_id))
+    if data is None:
+        raise file_not_found(file_id)
+    return data
+
+
+def delete(service: Service, file_id: str) -> None:
+    with service.sessions.begin() as session:
+        file = session.get(File, file_id, options=[defer(File.content)])
+        if file is None:
+            raise file_not_found(file_id)
+        if user := _batch_using(session, file_id):
+            raise HTTPException(409, f"file {file_id!r} belongs to batch {user!r}; it cannot be deleted")
+        session.delete(file)
+
+
+def _batch_using(session: Session, file_id: str) -> str | None:
+    uses = or_(
+        Batch.input_file_id == file_id, Batch.output_file_id == file_id, Batch.error_file_id == file_id
+    )
+    return session.scalar(select(Batch.id).where(uses).limit(1))

@@ -1,0 +1,154 @@
+"""OpenAI's online endpoints as ordinary jobs: a request is submitted, waited on, and answered in
+OpenAI's shapes (``chat.completion``, ``text_completion`` and their stream chunks).
+
+A request body maps onto a job spec as a batch line's body does (``api/batch_lines.py``), with ``n``
+and ``stream`` allowed here. Errors use OpenAI's body, ``{"error": {message, type, param, code}}``.
+"""
+
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.sse import format_sse_event
+from starlette.concurrency import run_in_threadpool
+from starlette.responses import JSONResponse
+
+from api import jobs
+from api.batch_lines import CHAT, LineError, to_spec
+from api.deps import Service
+from api.streams import job_events
+from core.models import Job
+from core.openai_format import completion_body
+from core.spec import JobSpec
+from core.states import TERMINAL
+
+DISCONNECT_POLL_S = 0.25
+
+
+class OpenAIError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+
+    def response(self) -> JSONResponse:
+        kind = "invalid_request_error" if self.status < 500 else "server_error"
+        body = {"message": self.message, "type": kind, "param": self.param, "code": self.code}
+        return JSONResponse({"error": body}, status_code=self.status)
+
+
+def online_spec(service: Service, body: dict[str, Any], endpoint: str) -> tuple[JobSpec, bool, bool]:
+    """The job spec of a request, whether it streams, and whether the stream ends with usage."""
+    fields = dict(body)
+    stream = fields.pop("stream", None) or False
+    options = fields.pop("stream_options", None) or {}
+    if stream is not True and stream is not False:
+        raise OpenAIError(400, "stream must be true or false", "stream", "invalid_value")
+    if stream and fields.get("n", 1) != 1:
+        raise OpenAIError(400, "stream supports n=1 only", "n", "unsupported_parameter")
+    if not isinstance(options, dict) or options.keys() - {"include_usage"}:
+        raise OpenAIError(400, "stream_options takes only include_usage", "stream_options", "invalid_value")
+    try:
+        spec, fills_context = to_spec(fields, endpoint, service.settings.served_model_name)
+    except LineError as error:
+        param = (error.param or "").removeprefix("body.") or None
+        raise OpenAIError(400, error.message, param, error.code) from None
+    if fills_context:
+        spec.max_tokens = service.prompts.context_length - len(_encode(service, spec))
+    return spec, stream, bool(options.get("include_usage"))
+
+
+def _encode(service: Service, spec: JobSpec) -> list[int]:
+    try:
+        return service.prompts.encode(spec)
+    except ValueError as error:
+        raise OpenAIError(400, str(error), None, "context_length_exceeded") from error
+
+
+async def submit(service: Service, spec: JobSpec) -> Job:
+    try:
+        job, _ = await jobs.submit(service, spec, None)
+    except RequestValidationError as error:
+        problem = error.errors()[0]
+        param = ".".join(str(part) for part in problem["loc"][1:]) or None
+        raise OpenAIError(400, problem["msg"], param, problem["type"]) from error
+    return job
+
+
+async def finished(service: Service, job: Job, request: Request) -> Job | None:
+    """The finished job, or None when the client went away first (the job is then cancelled unless
+    ``PAGEDQ_KEEP_JOBS_OF_DISCONNECTED_CLIENTS``)."""
+    while not await service.waiter.wait(job.id, timeout=DISCONNECT_POLL_S):
+        if await request.is_disconnected():
+            await run_in_threadpool(abandon, service, job.id)
+            return None
+    return await run_in_threadpool(jobs.get, service, job.id)
+
+
+def abandon(service: Service, job_id: str) -> None:
+    if service.settings.keep_jobs_of_disconnected_clients:
+        return
+    if jobs.get(service, job_id).status not in TERMINAL:
+        jobs.cancel(service, job_id)
+
+
+def response_body(job: Job, endpoint: str) -> dict[str, Any]:
+    if job.status != "succeeded":
+        raise OpenAIError(500, f"job {job.id} {job.status}: {job.error or 'no output'}", None, "job_failed")
+    return completion_body(job, endpoint, int((job.started_at or job.queued_at).timestamp()))
+
+
+async def stream_chunks(
+    service: Service, job: Job, endpoint: str, include_usage: bool
+) -> AsyncIterator[bytes]:
+    """OpenAI's chunks from the job's live stream, then ``[DONE]``; a client that leaves cancels the job."""
+    chunk = _Chunker(job, endpoint)
+    done = False
+    try:
+        if endpoint == CHAT:
+            yield chunk.event({"role": "assistant", "content": ""})
+        async for event in job_events(service, job.id):
+            if event.event == "delta":
+                yield chunk.event(event.data["text"])
+            elif event.event == "job":
+                final = event.data
+                yield chunk.event("", finish_reason=final.finish_reason or "stop")
+                if include_usage:
+                    yield _sse(chunk.usage(final.usage.model_dump()))
+        done = True
+        yield format_sse_event(data_str="[DONE]")
+    finally:
+        if not done:
+            abandon(service, job.id)
+
+
+def _sse(payload: dict[str, Any]) -> bytes:
+    return format_sse_event(data_str=json.dumps(payload, ensure_ascii=False))
+
+
+class _Chunker:
+    def __init__(self, job: Job, endpoint: str) -> None:
+        self.chat = endpoint == CHAT
+        prefix, self.kind = (
+            ("chatcmpl-", "chat.completion.chunk") if self.chat else ("cmpl-", "text_completion")
+        )
+        self.base = {
+            "id": prefix + job.id.removeprefix("job_"),
+            "object": self.kind,
+            "created": int(time.time()),
+            "model": job.model,
+        }
+
+    def event(self, piece: str | dict[str, str], finish_reason: str | None = None) -> bytes:
+        if self.chat:
+            delta = piece if isinstance(piece, dict) else ({"content": piece} if piece else {})
+            choice = {"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}
+        else:
+            choice = {"index": 0, "text": piece, "finish_reason": finish_reason, "logprobs": None}
+        return _sse(self.base | {"choices": [choice]})
+
+    def usage(self, usage: dict[str, int]) -> dict[str, Any]:
+        usage = usage | {"prompt_tokens_details": {"cached_tokens": usage.pop("cached_tokens", 0)}}
+        return self.base | {"choices": [], "usage": usage}

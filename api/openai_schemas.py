@@ -1,0 +1,202 @@
+"""OpenAI's wire shapes for files and batches, so that the official SDK reads pagedq's answers as its own.
+
+Times are Unix seconds. pagedq's extensions: a batch's ``priority``, ``webhook_url`` and ``webhook_events``
+(the SDK sends them through ``extra_body``), and ``usage`` counting tokens while the batch runs.
+"""
+
+import re
+from datetime import datetime, timedelta
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, HttpUrl, field_validator
+
+from api.batch_lines import Endpoint
+from core.batches import Tally
+from core.models import Batch, File
+from core.spec import Metadata
+from core.webhooks import BatchEvent
+
+MAX_WINDOW_HOURS = 168
+
+
+def unix(moment: datetime | None) -> int | None:
+    return int(moment.timestamp()) if moment is not None else None
+
+
+class FileOut(BaseModel):
+    id: str
+    object: Literal["file"] = "file"
+    bytes: int
+    created_at: int
+    filename: str
+    purpose: str = Field(description="batch (uploaded), batch_output (a batch's output or error file)")
+    status: Literal["processed"] = "processed"
+    expires_at: int | None = Field(None, description="always null: files stay until deleted")
+    status_details: str | None = None
+
+    @classmethod
+    def of(cls, file: File) -> "FileOut":
+        return cls(
+            id=file.id,
+            bytes=file.bytes,
+            created_at=int(file.created_at.timestamp()),
+            filename=file.filename,
+            purpose=file.purpose,
+        )
+
+
+class FileDeleted(BaseModel):
+    id: str
+    object: Literal["file"] = "file"
+    deleted: bool
+
+
+class BatchIn(BaseModel):
+    """``POST /v1/batches``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    input_file_id: str = Field(description="an uploaded file with purpose=batch")
+    endpoint: Endpoint
+    completion_window: str = Field(
+        description=f"`<N>h`, 1 ≤ N ≤ {MAX_WINDOW_HOURS} (OpenAI: 24h): when it runs out, unfinished "
+        "requests are cancelled and the batch ends `expired`"
+    )
+    metadata: Metadata | None = Field(None, max_length=16)
+    output_expires_after: dict[str, Any] | None = Field(
+        None, description="accepted; files stay until deleted"
+    )
+    priority: int = Field(0, ge=-100, le=100, description="pagedq: every job's priority (lower runs first)")
+    webhook_url: HttpUrl | None = Field(
+        None, description="pagedq: receives this batch's end (Standard Webhooks)"
+    )
+    webhook_events: list[BatchEvent] | None = Field(
+        None, max_length=4, description="pagedq: the events webhook_url receives; default: all batch events"
+    )
+
+    @field_validator("completion_window")
+    @classmethod
+    def _hours(cls, window: str) -> str:
+        match = re.fullmatch(r"([1-9][0-9]*)h", window)
+        if match is None or int(match.group(1)) > MAX_WINDOW_HOURS:
+            raise ValueError(
+                f"completion_window must be '<N>h' with 1 <= N <= {MAX_WINDOW_HOURS}, e.g. '24h'"
+            )
+        return window
+
+    @property
+    def window(self) -> timedelta:
+        return timedelta(hours=int(self.completion_window.removesuffix("h")))
+
+
+class BatchError(BaseModel):
+    code: str
+    message: str
+    line: int | None = Field(description="1-based line of the input file")
+    param: str | None = Field(description="the field at fault, e.g. body.max_tokens")
+
+
+class BatchErrors(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[BatchError]
+
+
+class RequestCounts(BaseModel):
+    total: int
+    completed: int = Field(description="succeeded")
+    failed: int = Field(description="failed or cancelled")
+
+
+class InputTokensDetails(BaseModel):
+    cached_tokens: int
+
+
+class OutputTokensDetails(BaseModel):
+    reasoning_tokens: int = 0
+
+
+class BatchUsage(BaseModel):
+    input_tokens: int
+    input_tokens_details: InputTokensDetails
+    output_tokens: int
+    output_tokens_details: OutputTokensDetails
+    total_tokens: int
+
+
+class BatchOut(BaseModel):
+    id: str
+    object: Literal["batch"] = "batch"
+    endpoint: str
+    model: str | None
+    errors: BatchErrors | None
+    input_file_id: str
+    completion_window: str
+    status: str = Field(
+        description="in_progress, finalizing, completed | failed | cancelling, cancelled | expired"
+    )
+    output_file_id: str | None
+    error_file_id: str | None
+    created_at: int
+    in_progress_at: int | None
+    expires_at: int | None
+    finalizing_at: int | None
+    completed_at: int | None
+    failed_at: int | None
+    expired_at: int | None = Field(
+        description="when the window ran out (the status turns expired once running requests have stopped)"
+    )
+    cancelling_at: int | None
+    cancelled_at: int | None
+    request_counts: RequestCounts
+    usage: BatchUsage
+    metadata: dict[str, str] | None
+    priority: int
+    webhook_url: str | None
+    webhook_events: list[str] | None
+
+    @classmethod
+    def of(cls, batch: Batch, tally: Tally) -> "BatchOut":
+        return cls(
+            id=batch.id,
+            endpoint=batch.endpoint,
+            model=batch.model,
+            errors=BatchErrors(data=batch.errors) if batch.errors else None,  # type: ignore[arg-type]
+            input_file_id=batch.input_file_id,
+            completion_window=batch.completion_window,
+            status=batch.status,
+            output_file_id=batch.output_file_id,
+            error_file_id=batch.error_file_id,
+            created_at=int(batch.created_at.timestamp()),
+            in_progress_at=unix(batch.in_progress_at),
+            expires_at=unix(batch.expires_at),
+            finalizing_at=unix(batch.finalizing_at),
+            completed_at=unix(batch.completed_at),
+            failed_at=unix(batch.failed_at),
+            expired_at=unix(batch.expired_at),
+            cancelling_at=unix(batch.cancelling_at),
+            cancelled_at=unix(batch.cancelled_at),
+            request_counts=RequestCounts(total=batch.total, completed=tally.completed, failed=tally.failed),
+            usage=_usage(tally),
+            metadata=batch.meta,
+            priority=batch.priority,
+            webhook_url=batch.webhook_url,
+            webhook_events=batch.webhook_events,
+        )
+
+
+def _usage(tally: Tally) -> BatchUsage:
+    return BatchUsage(
+        input_tokens=tally.prompt_tokens,
+        input_tokens_details=InputTokensDetails(cached_tokens=tally.cached_tokens),
+        output_tokens=tally.completion_tokens,
+        output_tokens_details=OutputTokensDetails(),
+        total_tokens=tally.prompt_tokens + tally.completion_tokens,
+    )
+
+
+class BatchList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[BatchOut] = Field(description="newest first")
+    first_id: str | None
+    last_id: str | None
+    has_more: bool

@@ -1,0 +1,65 @@
+"""``/v1/batches``: OpenAI's Batch API; each line of the input file runs as an ordinary job."""
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+
+from api import batches
+from api.deps import ServiceDep
+from api.openai_schemas import BatchIn, BatchList, BatchOut
+from api.schemas import ErrorOut, InvalidOut
+
+router = APIRouter(prefix="/v1/batches", tags=["batches"])
+INVALID = {422: {"model": InvalidOut, "description": "Invalid request"}}
+NOT_FOUND = {404: {"model": ErrorOut, "description": "No batch has this id"}, **INVALID}
+
+CREATE_DESCRIPTION = """Every line of the input file is checked first: `{custom_id, method: "POST",
+url: <endpoint>, body}`, the body an OpenAI request for the endpoint, its prompt tokenized and checked
+against the context. If any line is bad the batch is created `failed`, `errors.data` lists every bad line
+(1-based `line`, `code`, `message`, `param`) and nothing runs. Otherwise every line becomes a job (see
+`GET /v1/jobs?batch_id=`) and the batch is `in_progress`; when all have ended a worker writes the output
+file (succeeded lines) and the error file (failed and cancelled lines), in input order, and the batch is
+`completed`."""
+
+
+@router.post(
+    "",
+    summary="Create a batch from an uploaded file",
+    description=CREATE_DESCRIPTION,
+    responses={404: {"model": ErrorOut, "description": "No such input file"}, **INVALID},
+)
+def create_batch(request: BatchIn, service: ServiceDep) -> BatchOut:
+    return batches.create(service, request)
+
+
+@router.get(
+    "/{batch_id}", summary="Read a batch: status, request counts, output and error files", responses=NOT_FOUND
+)
+def get_batch(batch_id: str, service: ServiceDep) -> BatchOut:
+    return batches.get(service, batch_id)
+
+
+@router.get("", summary="List batches, newest first", responses=INVALID)
+def list_batches(
+    service: ServiceDep,
+    limit: Annotated[int, Query(ge=1, le=100, description="batches per page")] = 20,
+    after: Annotated[str | None, Query(description="a batch id: list the batches older than it")] = None,
+) -> BatchList:
+    page, has_more = batches.page(service, limit, after)
+    return BatchList(
+        data=page,
+        first_id=page[0].id if page else None,
+        last_id=page[-1].id if page else None,
+        has_more=has_more,
+    )
+
+
+@router.post(
+    "/{batch_id}/cancel",
+    summary="Cancel a batch",
+    description="Queued requests are cancelled at once, running ones within a second or so; the batch is "
+    "`cancelling` until they have stopped, then `cancelled`, with the results finished so far in its files.",
+    responses={409: {"model": ErrorOut, "description": "Already finished"}, **NOT_FOUND},
+)
+def cancel_batch(batch_id: str, service: ServiceDep) -> BatchOut:
+    return batches.cancel(service, batch_id)

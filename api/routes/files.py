@@ -1,0 +1,59 @@
+"""``/v1/files`` as OpenAI's: upload a batch input file, read a file's description and content, delete it."""
+
+from typing import Annotated
+
+from fastapi import APIRouter, Form, HTTPException, Response, UploadFile
+from starlette.concurrency import run_in_threadpool
+
+from api import files
+from api.deps import ServiceDep
+from api.errors import invalid
+from api.openai_schemas import FileDeleted, FileOut
+from api.schemas import ErrorOut, InvalidOut
+
+router = APIRouter(prefix="/v1/files", tags=["files"])
+INVALID = {422: {"model": InvalidOut, "description": "Invalid request"}}
+NOT_FOUND = {404: {"model": ErrorOut, "description": "No file has this id"}, **INVALID}
+
+
+@router.post(
+    "",
+    summary="Upload a file (purpose=batch: a JSONL batch input file)",
+    responses={413: {"model": ErrorOut, "description": "Larger than 200 MiB"}, **INVALID},
+)
+async def upload_file(
+    file: UploadFile, purpose: Annotated[str, Form(description="batch")], service: ServiceDep
+) -> FileOut:
+    if purpose not in files.PURPOSES:
+        message = f"purpose {purpose!r} is not supported here; upload batch input files with purpose=batch"
+        raise invalid(("body", "purpose"), message, "unsupported_purpose")
+    content = await file.read(files.MAX_BYTES + 1)
+    if len(content) > files.MAX_BYTES:
+        raise HTTPException(413, f"the file is larger than {files.MAX_BYTES // 2**20} MiB")
+    stored = await run_in_threadpool(files.store, service, file.filename or "upload.jsonl", purpose, content)
+    return FileOut.of(stored)
+
+
+@router.get("/{file_id}", summary="Describe a file", responses=NOT_FOUND)
+def get_file(file_id: str, service: ServiceDep) -> FileOut:
+    return FileOut.of(files.get(service, file_id))
+
+
+@router.get(
+    "/{file_id}/content",
+    summary="Download a file's content",
+    response_class=Response,
+    responses={200: {"content": {"application/octet-stream": {}}}, **NOT_FOUND},
+)
+def get_file_content(file_id: str, service: ServiceDep) -> Response:
+    return Response(files.content(service, file_id), media_type="application/octet-stream")
+
+
+@router.delete(
+    "/{file_id}",
+    summary="Delete a file",
+    responses={409: {"model": ErrorOut, "description": "A batch uses the file"}, **NOT_FOUND},
+)
+def delete_file(file_id: str, service: ServiceDep) -> FileDeleted:
+    files.delete(service, file_id)
+    return FileDeleted(id=file_id, deleted=True)

@@ -1,0 +1,48 @@
+"""``POST /generate``, as vLLM's demo server took it: ``{"prompt", "n", "use_beam_search", "temperature",
+"max_tokens", …}`` → ``{"text": [prompt + completion, one per choice]}``. A job underneath, like the rest."""
+
+from typing import Literal
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, Field
+
+from api import openai_online
+from api.deps import ServiceDep
+from api.schemas import InvalidOut
+from core.spec import JobSpec, SamplingSpec, Text
+
+router = APIRouter(tags=["classic"])
+
+
+class GenerateIn(SamplingSpec):
+    prompt: Text = Field(min_length=1)
+    stream: Literal[False] = Field(
+        False, description="streaming: use /v1/completions or /v1/jobs/{id}/events"
+    )
+
+
+class GenerateOut(BaseModel):
+    text: list[str] = Field(description="prompt + completion, one per choice (beams best first)")
+
+
+@router.post(
+    "/generate",
+    summary="Generate, as vLLM's classic demo server did",
+    response_model=GenerateOut,
+    responses={422: {"model": InvalidOut, "description": "Invalid request"}},
+)
+async def generate(body: GenerateIn, request: Request, service: ServiceDep) -> Response:
+    spec = JobSpec.model_validate(body.model_dump(exclude={"stream"}))
+    try:
+        job = await openai_online.submit(service, spec)
+    except openai_online.OpenAIError as error:
+        return JSONResponse(
+            {"detail": [{"type": error.code, "loc": ["body", error.param], "msg": error.message}]},
+            status_code=422,
+        )
+    finished = await openai_online.finished(service, job, request)
+    if finished is None:
+        return Response(status_code=499)
+    choices = finished.choices or [{"text": finished.output_text}]
+    return JSONResponse({"text": [body.prompt + choice["text"] for choice in choices]})

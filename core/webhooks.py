@@ -1,0 +1,212 @@
+"""Webhook events: which endpoints hear of an event, the payload they get, and the outbox rows.
+
+``record_event`` runs inside the transaction that changes the job's or batch's state, so an event is
+recorded exactly when its cause is committed; the caller publishes the returned delivery ids after the
+commit (a lost publish is repaired by the sender's sweeper). Payloads are shaped like OpenAI's webhook
+events (``{"object": "event", "id", "type", "created_at", "data": {"id", ...}}``).
+"""
+
+import ipaddress
+import logging
+import socket
+import time
+from dataclasses import dataclass
+from typing import Any, Literal, get_args
+from urllib.parse import urlsplit
+
+from celery import Celery
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from core.models import Batch, Job, WebhookDelivery, new_delivery_id, time_ordered_id
+from core.queue import DELIVER_WEBHOOK_TASK
+from core.settings import Settings
+from core.states import JobStatus
+
+logger = logging.getLogger(__name__)
+
+JobEvent = Literal["job.succeeded", "job.failed", "job.cancelled"]
+BatchEvent = Literal["batch.completed", "batch.failed", "batch.cancelled", "batch.expired"]
+JOB_EVENTS: frozenset[str] = frozenset(get_args(JobEvent))
+BATCH_EVENTS: frozenset[str] = frozenset(get_args(BatchEvent))
+
+# What a webhook URL's host may not resolve to, unless ``webhook_allow_private``.
+BLOCKED_KINDS = (
+    "unspecified",
+    "loopback",
+    "link_local",
+    "multicast",
+    "reserved",
+    "private",
+)  # most specific first
+
+
+def record_event(
+    session: Session,
+    settings: Settings,
+    event_type: str,
+    *,
+    job: Job | None = None,
+    batch: Batch | None = None,
+) -> list[str]:
+    """Add one delivery per endpoint that hears of this event; returns their ids, to publish after commit.
+
+    The endpoints: the job's or batch's own ``webhook_url`` if its ``webhook_events`` include the event
+    (None: every event of its kind), and the global ``settings.webhook_url``. The jobs of a batch are
+    announced by their batch's events alone: a 50,000-line batch must not send 50,000 job events.
+    """
+    target = _target(event_type, job, batch)
+    if job is not None and job.batch_id is not None:
+        return []
+    urls = [settings.webhook_url] if settings.webhook_url else []
+    if target.webhook_url and (target.webhook_events is None or event_type in target.webhook_events):
+        urls.insert(0, target.webhook_url)
+    if not urls:
+        return []
+    payload = {
+        "object": "event",
+        "id": time_ordered_id("evt_"),
+        "type": event_type,
+        "created_at": int(time.time()),
+        "data": _job_data(job) if job is not None else _batch_data(session, target),
+    }
+    deliveries = [
+        WebhookDelivery(
+            id=new_delivery_id(),
+            event_type=event_type,
+            url=url,
+            payload=payload,
+            job_id=job.id if job is not None else None,
+            batch_id=batch.id if job is None and batch is not None else None,
+        )
+        for url in dict.fromkeys(urls)  # the same URL twice gets the event once
+    ]
+    session.add_all(deliveries)
+    return [delivery.id for delivery in deliveries]
+
+
+def _target(event_type: str, job: Job | None, batch: Batch | None) -> Job | Batch:
+    if event_type in JOB_EVENTS and job is not None:
+        return job
+    if event_type in BATCH_EVENTS and batch is not None and job is None:
+        return batch
+    raise ValueError(
+        f"event {event_type!r} needs a job (one of {sorted(JOB_EVENTS)}) or a batch "
+        f"(one of {sorted(BATCH_EVENTS)}), got job={job is not None}, batch={batch is not None}"
+    )
+
+
+def _job_data(job: Job) -> dict[str, Any]:
+    return {
+        "id": job.id,
+        "object": "job",
+        "status": job.status,
+        "model": job.model,
+        "output": job.output_text,
+        "finish_reason": job.finish_reason,
+        "error": job.error,
+        "usage": {
+            "prompt_tokens": job.prompt_tokens,
+            "completion_tokens": job.completion_tokens,
+            "cached_tokens": job.cached_tokens,
+            "total_tokens": job.prompt_tokens + job.completion_tokens,
+        },
+        "metadata": job.meta,
+        "batch_id": job.batch_id,
+        "custom_id": job.custom_id,
+    }
+
+
+def _batch_data(session: Session, batch: Batch) -> dict[str, Any]:
+    counts = dict(
+        session.execute(
+            select(Job.status, func.count()).where(Job.batch_id == batch.id).group_by(Job.status)
+        ).all()
+    )
+    completed = counts.get(JobStatus.SUCCEEDED, 0)
+    return {
+        "id": batch.id,
+        "object": "batch",
+        "status": batch.status,
+        "endpoint": batch.endpoint,
+        "model": batch.model,
+        "input_file_id": batch.input_file_id,
+        "output_file_id": batch.output_file_id,
+        "error_file_id": batch.error_file_id,
+        "request_counts": {
+            "total": batch.total,
+            "completed": completed,
+            "failed": counts.get(JobStatus.FAILED, 0) + counts.get(JobStatus.CANCELLED, 0),
+        },
+        "metadata": batch.meta,
+    }
+
+
+def publish_deliveries(celery: Celery, delivery_ids: list[str]) -> None:
+    """Hand committed deliveries to the sender; a failure is logged: the sweeper republishes them."""
+    for delivery_id in delivery_ids:
+        try:
+            celery.send_task(DELIVER_WEBHOOK_TASK, args=[delivery_id])  # routed to webhook_queue
+        except Exception as error:
+            logger.warning(
+                "publishing a webhook delivery failed; the sweeper will republish it",
+                extra={"delivery_id": delivery_id, "error": repr(error)},
+            )
+
+
+@dataclass(frozen=True)
+class Outbox:
+    """``record_event`` and ``publish_deliveries`` bound to one process's settings and Celery app."""
+
+    settings: Settings
+    celery: Celery
+
+    def record(
+        self, session: Session, event_type: str, *, job: Job | None = None, batch: Batch | None = None
+    ) -> list[str]:
+        return record_event(session, self.settings, event_type, job=job, batch=batch)
+
+    def publish(self, delivery_ids: list[str]) -> None:
+        publish_deliveries(self.celery, delivery_ids)
+
+
+def url_refusal(url: str, allow_private: bool) -> str | None:
+    """Why webhooks may not go to ``url``, or None if they may.
+
+    Refused: a scheme other than http(s), and (unless ``allow_private``) a host that is, or resolves to,
+    a loopback, private, link-local, multicast, reserved or unspecified address. Raises ``OSError`` when
+    the host does not resolve.
+    """
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return f"webhook URL must be http:// or https:// with a host, got {url!r}"
+    if allow_private:
+        return None
+    for address in _addresses(parts.hostname, parts.port):
+        if kind := _blocked_kind(address):
+            return (
+                f"webhook URL {url!r} points at {address} ({kind} address); webhooks go only to public "
+                "addresses unless PAGEDQ_WEBHOOK_ALLOW_PRIVATE=true"
+            )
+    return None
+
+
+Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+
+def _addresses(host: str, port: int | None) -> list[Address]:
+    try:
+        return [ipaddress.ip_address(host)]
+    except ValueError:
+        pass
+    infos = socket.getaddrinfo(host, port or 443, type=socket.SOCK_STREAM)
+    return [ipaddress.ip_address(str(info[4][0]).split("%", 1)[0]) for info in infos]
+
+
+def _blocked_kind(address: Address) -> str | None:
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    for kind in BLOCKED_KINDS:
+        if getattr(address, f"is_{kind}"):
+            return kind.replace("_", "-")
+    return None

@@ -1,0 +1,97 @@
+"""A batch's output and error files, one line per job in input order, in OpenAI's batch output format.
+
+An output line: ``{"id": "batch_req_…", "custom_id", "response": {"status_code": 200, "request_id",
+"body": <a chat.completion or text_completion>}, "error": null, "timings": {…}}``; ``timings`` is
+pagedq's extension (the job's queue time, time to first token, latency and per-token times, in ms).
+An error line: ``{"id", "custom_id", "response": null, "error": {"code", "message"}}``.
+"""
+
+import json
+from collections.abc import Iterator
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Row, select
+from sqlalchemy.orm import Session
+
+from core.models import Batch, Job
+from core.openai_format import completion_body
+from core.states import BatchStatus, JobStatus
+
+COLUMNS = (
+    Job.id,
+    Job.custom_id,
+    Job.status,
+    Job.model,
+    Job.output_text,
+    Job.choices,
+    Job.finish_reason,
+    Job.error,
+    Job.prompt_tokens,
+    Job.completion_tokens,
+    Job.cached_tokens,
+    Job.token_times_ms,
+    Job.queued_at,
+    Job.started_at,
+    Job.first_token_at,
+    Job.finished_at,
+)
+CANCELLED_CODE = {BatchStatus.CANCELLED: "batch_cancelled", BatchStatus.EXPIRED: "batch_expired"}
+
+
+def result_files(session: Session, batch: Batch, ending: BatchStatus) -> tuple[bytes, bytes]:
+    """The output file (succeeded jobs) and the error file (failed and cancelled ones), in input order
+    (a batch's job ids count up line by line)."""
+    output: list[bytes] = []
+    errors: list[bytes] = []
+    for job in _jobs(session, batch.id):
+        if job.status == JobStatus.SUCCEEDED:
+            output.append(_line(job, response=_response(job, batch.endpoint), timings=_timings(job)))
+        else:
+            errors.append(_line(job, error=_error(job, ending)))
+    return b"".join(output), b"".join(errors)
+
+
+def _jobs(session: Session, batch_id: str) -> Iterator[Row[Any]]:
+    query = select(*COLUMNS).where(Job.batch_id == batch_id).order_by(Job.id)
+    return iter(session.execute(query.execution_options(yield_per=2000)))
+
+
+def _line(job: Row[Any], **fields: Any) -> bytes:
+    line = {"id": "batch_req_" + job.id.removeprefix("job_"), "custom_id": job.custom_id}
+    line |= {"response": None, "error": None} | fields
+    return json.dumps(line, ensure_ascii=False).encode() + b"\n"
+
+
+def _response(job: Row[Any], endpoint: str) -> dict[str, Any]:
+    created = int((job.started_at or job.queued_at).timestamp())
+    return {"status_code": 200, "request_id": job.id, "body": completion_body(job, endpoint, created)}
+
+
+def _timings(job: Row[Any]) -> dict[str, Any]:
+    times = job.token_times_ms or []
+    return {
+        "queue_time_ms": _ms(job.queued_at, job.started_at),
+        "time_to_first_token_ms": _ms(job.started_at, job.first_token_at),
+        "e2e_latency_ms": _ms(job.queued_at, job.finished_at),
+        "mean_time_per_output_token_ms": (times[-1] - times[0]) / (len(times) - 1)
+        if len(times) > 1
+        else None,
+        "token_times_ms": times,
+    }
+
+
+def _ms(start: datetime | None, end: datetime | None) -> float | None:
+    return round((end - start).total_seconds() * 1000, 3) if start and end else None
+
+
+def _error(job: Row[Any], ending: BatchStatus) -> dict[str, str]:
+    if job.status == JobStatus.FAILED:
+        return {"code": "job_failed", "message": job.error or "the job failed"}
+    code = CANCELLED_CODE.get(ending, "job_cancelled")
+    messages = {
+        "batch_cancelled": "the batch was cancelled before this request finished",
+        "batch_expired": "the batch's completion window ran out before this request finished",
+        "job_cancelled": f"job {job.id} was cancelled",
+    }
+    return {"code": code, "message": messages[code]}

@@ -1,0 +1,139 @@
+"""Batches end here: each reconcile round a worker expires batches past their window, stops what a
+cancelled or expired batch still runs, and finalizes batches whose jobs have all ended.
+
+Finalizing: claim the batch (``in_progress | cancelling → finalizing``, a conditional UPDATE, so one
+worker wins), write its output and error files, then in one transaction store them and move the batch
+to ``completed``, ``cancelled`` or ``expired`` with its webhook event; publish the event after commit.
+A finalization silent for ``stale_after`` seconds (its worker died) is claimed again.
+"""
+
+import logging
+import time
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from sqlalchemy import ColumnElement, and_, or_, select, update
+from sqlalchemy.orm import Session, sessionmaker
+
+from core.batches import cancel_unfinished
+from core.models import Batch, File, Job, utcnow
+from core.states import BatchStatus, JobStatus
+from core.webhooks import Outbox
+from worker.batch_output import result_files
+
+logger = logging.getLogger("pagedq.worker")
+RUNNING_BATCH = (BatchStatus.IN_PROGRESS, BatchStatus.CANCELLING)
+UNFINISHED_JOB = (JobStatus.QUEUED, JobStatus.RUNNING)
+
+
+@dataclass
+class BatchKeeper:
+    sessions: sessionmaker[Session]
+    outbox: Outbox
+    stale_after: float = 600.0
+
+    def keep(self) -> None:
+        self.expire()
+        self.stop_unfinished()
+        for batch_id in self.ready():
+            self.finalize(batch_id)
+
+    def expire(self) -> None:
+        """Batches past ``expires_at`` get ``expired_at``, and their unfinished jobs are stopped."""
+        now = utcnow()
+        with self.sessions.begin() as session:
+            expired = session.scalars(
+                update(Batch)
+                .where(
+                    Batch.status == BatchStatus.IN_PROGRESS,
+                    Batch.expired_at.is_(None),
+                    Batch.expires_at < now,
+                )
+                .values(expired_at=now)
+                .returning(Batch.id)
+            ).all()
+            cancel_unfinished(session, list(expired))
+        for batch_id in expired:
+            logger.info(
+                "batch window ran out; its unfinished requests are cancelled", extra={"batch_id": batch_id}
+            )
+
+    def stop_unfinished(self) -> None:
+        """Cancellation again for every cancelling or expired batch: a job requeued meanwhile stops too."""
+        ending = or_(
+            Batch.status == BatchStatus.CANCELLING,
+            and_(Batch.status == BatchStatus.IN_PROGRESS, Batch.expired_at.is_not(None)),
+        )
+        with self.sessions.begin() as session:
+            cancel_unfinished(session, list(session.scalars(select(Batch.id).where(ending))))
+
+    def ready(self) -> list[str]:
+        """Running batches with no unfinished job left, and finalizations presumed dead."""
+        unfinished = select(Job.id).where(Job.batch_id == Batch.id, Job.status.in_(UNFINISHED_JOB)).exists()
+        query = select(Batch.id).where(or_(and_(Batch.status.in_(RUNNING_BATCH), ~unfinished), self._stale()))
+        with self.sessions() as session:
+            return list(session.scalars(query.order_by(Batch.id)))
+
+    def _stale(self) -> ColumnElement[bool]:
+        since = utcnow() - timedelta(seconds=self.stale_after)
+        return and_(Batch.status == BatchStatus.FINALIZING, Batch.finalizing_at < since)
+
+    def finalize(self, batch_id: str) -> None:
+        claimed = self._claim(batch_id)
+        if claimed is None:
+            return  # another worker finalizes it
+        started = time.monotonic()
+        with self.sessions.begin() as session:
+            batch = session.get(Batch, batch_id, with_for_update=True)
+            if batch is None or batch.status != BatchStatus.FINALIZING or batch.finalizing_at != claimed:
+                return  # presumed dead and taken over meanwhile
+            ending = _ending(batch)
+            output, errors = result_files(session, batch, ending)
+            batch.output_file_id = _store(session, f"{batch_id}_output.jsonl", output)
+            batch.error_file_id = _store(session, f"{batch_id}_error.jsonl", errors)
+            batch.status = ending
+            setattr(batch, f"{ending.value}_at", utcnow())
+            session.flush()
+            deliveries = self.outbox.record(session, f"batch.{ending.value}", batch=batch)
+        self.outbox.publish(deliveries)
+        logger.info(
+            "batch finalized",
+            extra={
+                "batch_id": batch_id,
+                "status": ending.value,
+                "output_bytes": len(output),
+                "error_bytes": len(errors),
+                "seconds": round(time.monotonic() - started, 3),
+            },
+        )
+
+    def _claim(self, batch_id: str) -> datetime | None:
+        now = utcnow()
+        statement = (
+            update(Batch)
+            .where(Batch.id == batch_id, or_(Batch.status.in_(RUNNING_BATCH), self._stale()))
+            .values(status=BatchStatus.FINALIZING, finalizing_at=now)
+            .returning(Batch.finalizing_at)
+        )
+        with self.sessions.begin() as session:
+            return session.scalar(statement)
+
+
+def _ending(batch: Batch) -> BatchStatus:
+    if batch.cancelling_at is not None:
+        return BatchStatus.CANCELLED
+    if batch.expired_at is not None:
+        return BatchStatus.EXPIRED
+    return BatchStatus.COMPLETED
+
+
+def _store(session: Session, filename: str, content: bytes) -> str | None:
+    """A ``batch_output`` file, or None for no lines (OpenAI leaves the id null then)."""
+    if not content:
+        return None
+    file = File(
+        purpose="batch_output", filename=filename, bytes=len(content), content=content, created_at=utcnow()
+    )
+    session.add(file)
+    session.flush()
+    return file.id
