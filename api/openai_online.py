@@ -48,6 +48,11 @@ def online_spec(service: Service, body: dict[str, Any], endpoint: str) -> tuple[
         raise OpenAIError(400, "stream must be true or false", "stream", "invalid_value")
     if stream and fields.get("n", 1) != 1:
         raise OpenAIError(400, "stream supports n=1 only", "n", "unsupported_parameter")
+    top_logprobs = _logprobs_asked(fields, endpoint)
+    if stream and top_logprobs is not None:
+        raise OpenAIError(
+            400, "logprobs are returned without stream only", "logprobs", "unsupported_parameter"
+        )
     if not isinstance(options, dict) or options.keys() - {"include_usage"}:
         raise OpenAIError(400, "stream_options takes only include_usage", "stream_options", "invalid_value")
     try:
@@ -55,9 +60,34 @@ def online_spec(service: Service, body: dict[str, Any], endpoint: str) -> tuple[
     except LineError as error:
         param = (error.param or "").removeprefix("body.") or None
         raise OpenAIError(400, error.message, param, error.code) from None
+    spec.logprobs = top_logprobs
     if fills_context:
         spec.max_tokens = service.prompts.context_length - len(_encode(service, spec))
     return spec, stream, bool(options.get("include_usage"))
+
+
+def _logprobs_asked(fields: dict[str, Any], endpoint: str) -> int | None:
+    """How many top alternatives per token the request asks for (None: no logprobs), taking the fields.
+
+    Chat: ``logprobs: true`` with ``top_logprobs`` 0..20; completions: ``logprobs`` 0..5."""
+    logprobs, top = fields.pop("logprobs", None), fields.pop("top_logprobs", None)
+    if endpoint == CHAT:
+        if top is not None and logprobs is not True:
+            raise OpenAIError(400, "top_logprobs needs logprobs: true", "top_logprobs", "invalid_value")
+        if logprobs not in (None, True, False) or (
+            top is not None and not 0 <= _int(top, "top_logprobs") <= 20
+        ):
+            raise OpenAIError(400, "logprobs is a boolean; top_logprobs 0 to 20", "logprobs", "invalid_value")
+        return (top or 0) if logprobs else None
+    if logprobs is not None and not 0 <= _int(logprobs, "logprobs") <= 5:
+        raise OpenAIError(400, "logprobs must be an integer from 0 to 5", "logprobs", "invalid_value")
+    return logprobs
+
+
+def _int(value: Any, param: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise OpenAIError(400, f"{param} must be an integer", param, "invalid_value")
+    return value
 
 
 def _encode(service: Service, spec: JobSpec) -> list[int]:
@@ -94,10 +124,11 @@ def abandon(service: Service, job_id: str) -> None:
         jobs.cancel(service, job_id)
 
 
-def response_body(job: Job, endpoint: str) -> dict[str, Any]:
+def response_body(service: Service, job: Job, endpoint: str) -> dict[str, Any]:
     if job.status != "succeeded":
         raise OpenAIError(500, f"job {job.id} {job.status}: {job.error or 'no output'}", None, "job_failed")
-    return completion_body(job, endpoint, int((job.started_at or job.queued_at).timestamp()))
+    created = int((job.started_at or job.queued_at).timestamp())
+    return completion_body(job, endpoint, created, service.prompts.token_text)
 
 
 async def stream_chunks(

@@ -94,6 +94,8 @@ class Job(Base):
     # Results, written while running (partial) and once at the end.
     output_text: Mapped[str] = mapped_column(Text, default="")  # the first (or only) choice
     choices: Mapped[list[dict[str, Any]] | None] = mapped_column(JSONType)  # all, when n > 1 (text, …)
+    # When asked for: per choice, per token [chosen id, its logprob, [[id, logprob] of the top ones]].
+    token_logprobs: Mapped[list[list[Any]] | None] = mapped_column(JSONType)
     finish_reason: Mapped[str | None] = mapped_column(String(16))
     error: Mapped[str | None] = mapped_column(Text)
     prompt_tokens: Mapped[int] = mapped_column(default=0)

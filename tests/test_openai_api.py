@@ -175,3 +175,36 @@ def test_a_streaming_client_that_disconnects_cancels_its_job(service: Settings) 
         return bool(re.search(r"pagedq_engine_kv_cache_usage_ratio\{[^}]*\} 0\.0", metrics))
 
     wait_for(engine_idle, 10, "the engine to free the job's blocks")
+
+
+def test_logprobs_are_the_engines_in_openai_shapes(service: Settings, client: openai.OpenAI) -> None:
+    from worker.engine import LLM, SamplingParams
+
+    messages = [{"role": "user", "content": "Say something."}]
+    chat = client.chat.completions.create(
+        model=service.served_model_name,
+        messages=messages,
+        max_tokens=6,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=3,
+    )
+    text = client.completions.create(
+        model=service.served_model_name, prompt="The quick brown fox", max_tokens=6, temperature=0, logprobs=2
+    )
+    llm = LLM(service.model, device="cpu", dtype="float32", kv_cache_bytes=64 * 2**20)
+    [want] = llm.chat([messages], SamplingParams(temperature=0, max_tokens=6, logprobs=3))
+    sample = want.outputs[0]
+    content = chat.choices[0].logprobs.content
+    assert [c.logprob for c in content] == pytest.approx(
+        [lp[t] for lp, t in zip(sample.logprobs, sample.token_ids, strict=True)]
+    )
+    assert all(len(c.top_logprobs) == 3 and c.top_logprobs[0].logprob >= c.logprob - 1e-6 for c in content)
+    assert len(content) == chat.usage.completion_tokens
+    logprobs = text.choices[0].logprobs
+    assert len(logprobs.tokens) == len(logprobs.token_logprobs) == len(logprobs.top_logprobs) == 6
+    assert logprobs.text_offset == sorted(logprobs.text_offset) and logprobs.text_offset[0] == 0
+    with pytest.raises(openai.BadRequestError, match="without stream"):
+        client.chat.completions.create(
+            model=service.served_model_name, messages=messages, logprobs=True, stream=True
+        )

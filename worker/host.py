@@ -10,9 +10,10 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import Enum
+from typing import Any
 
 from core.states import JobStatus
 from worker.engine import LLMEngine, RequestOutput, SamplingParams
@@ -37,6 +38,14 @@ class Choice:
     text: str = ""
     completion_tokens: int = 0
     finish_reason: str | None = None
+    logprobs: list[list[Any]] = field(default_factory=list)  # [chosen id, logprob, top [[id, logprob]]]
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "text": self.text,
+            "completion_tokens": self.completion_tokens,
+            "finish_reason": self.finish_reason,
+        }
 
 
 @dataclass
@@ -173,6 +182,8 @@ class EngineHost:
                 choice.text += sample.text
                 choice.completion_tokens += len(sample.token_ids)
                 choice.finish_reason = sample.finish_reason or choice.finish_reason
+                for token, top in zip(sample.token_ids, sample.logprobs or [], strict=False):
+                    choice.logprobs.append([token, top[token], [[t, lp] for t, lp in top.items()]])
             flight.cached_tokens = output.num_cached_tokens
             flight.token_times = list(metrics.token_times)
             flight.started, flight.first_token = metrics.first_scheduled_time, metrics.first_token_time
@@ -260,7 +271,8 @@ class EngineHost:
             attempt=flight.job.attempt,
             output_text=flight.choices[0].text,
             completion_tokens=sum(choice.completion_tokens for choice in flight.choices),
-            choices=[asdict(choice) for choice in flight.choices] if len(flight.choices) > 1 else None,
+            choices=[choice.summary() for choice in flight.choices] if len(flight.choices) > 1 else None,
+            token_logprobs=self._token_logprobs(flight),
             cached_tokens=flight.cached_tokens,
             token_times_ms=[round((t - started) * 1000, 3) for t in flight.token_times] if started else [],
             started_at=self._wall(started),
@@ -269,6 +281,13 @@ class EngineHost:
             finish_reason=flight.finish_reason,
             error=flight.error,
         )
+
+    @staticmethod
+    def _token_logprobs(flight: Flight) -> list[list[Any]] | None:
+        """Written with the final result only: partial writes stay small."""
+        if flight.final is None or not any(choice.logprobs for choice in flight.choices):
+            return None
+        return [choice.logprobs for choice in flight.choices]
 
     def _wall(self, monotonic: float | None) -> datetime | None:
         if monotonic is None:

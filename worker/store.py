@@ -37,6 +37,7 @@ class Progress:
     cached_tokens: int = 0
     token_times_ms: list[float] = field(default_factory=list)
     choices: list[dict[str, Any]] | None = None  # every sample when a job asked for more than one
+    token_logprobs: list[list[Any]] | None = None  # with the final result, when the job asked for them
     started_at: datetime | None = None
     first_token_at: datetime | None = None
     status: JobStatus | None = None
@@ -47,6 +48,7 @@ class Progress:
         values = {
             "output_text": storable(self.output_text),
             "choices": [c | {"text": storable(c["text"])} for c in self.choices] if self.choices else None,
+            "token_logprobs": self.token_logprobs,
             "completion_tokens": self.completion_tokens,
             "cached_tokens": self.cached_tokens,
             "token_times_ms": self.token_times_ms,
@@ -66,6 +68,7 @@ class Progress:
 FRESH_RUN = {
     "output_text": "",
     "choices": None,
+    "token_logprobs": None,
     "completion_tokens": 0,
     "cached_tokens": 0,
     "token_times_ms": [],

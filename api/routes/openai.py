@@ -49,7 +49,7 @@ async def _complete(body: dict[str, Any], request: Request, service: ServiceDep,
         finished = await openai_online.finished(service, job, request)
         if finished is None:
             return Response(status_code=499)  # the client is gone; nobody reads this
-        return JSONResponse(openai_online.response_body(finished, endpoint))
+        return JSONResponse(openai_online.response_body(service, finished, endpoint))
     except OpenAIError as error:
         return error.response()
 
