@@ -1,6 +1,7 @@
 """What the job service adds on top of the engine, through real processes, Postgres and Redis.
 
     python bench/service_overhead.py [--model DIR] [--seconds 10] [--concurrency 64] [--latency-jobs 200]
+        [--batch-lines 50000] [--batch-e2e [--batch-docs 1000]] [--stream-requests 20]
 
 Needs wrk (Debian: apt-get install wrk), PostgreSQL and Redis as the tests use them.
 1. Accepted jobs/s: ``pagedq api`` (one uvicorn process) takes concurrent single POSTs from wrk
@@ -16,8 +17,12 @@ Needs wrk (Debian: apt-get install wrk), PostgreSQL and Redis as the tests use t
 4. With ``--batch-e2e``: a ``--batch-docs`` document batch (chat, greedy, ``--batch-max-tokens`` each)
    run by one worker, from upload to ``completed``, against ``LLM.chat`` on the same prompts with the
    worker's engine settings: output tokens/s of each.
+5. Streamed chat completions (``--stream-requests`` of ``--stream-tokens`` tokens, one at a time):
+   time to first token and mean inter-token latency as the client sees them, against the same requests
+   through ``LLMEngine`` directly.
 Targets (2-core machine): >= 500 accepted jobs/s, p50 queue-to-engine latency < 50 ms, >= 5,000 batch
-lines accepted/s.
+lines accepted/s, batch end to end >= 80% of LLM.chat, streaming adds <= 30 ms to TTFT and <= 2 ms per
+token.
 """
 
 import argparse
@@ -47,6 +52,8 @@ from migrations import upgrade  # noqa: E402
 ADMIN_URL = os.environ.get("PAGEDQ_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres")
 DATABASE = "pagedq_bench"
 TARGET_ACCEPTED_PER_S, TARGET_P50_MS, TARGET_BATCH_LINES_PER_S = 500.0, 50.0, 5000.0
+TARGET_BATCH_VS_GENERATE = 0.8
+TARGET_ADDED_TTFT_MS, TARGET_ADDED_ITL_MS = 30.0, 2.0
 DOCUMENT = "The committee met on Tuesday to review the budget, the hiring plan and the new office lease."
 
 
@@ -131,6 +138,61 @@ def engine_latencies(model: str, n: int) -> list[float]:
                 if out.finished and i >= 5:
                     latencies.append((out.metrics.first_scheduled_time - start) * 1000)
     return latencies
+
+
+def story_messages(i: int) -> list[dict[str, str]]:
+    return [{"role": "user", "content": f"Tell me a story about the number {i}."}]
+
+
+def streamed_latencies(url: str, model: str, n: int, max_tokens: int) -> tuple[list[float], list[float]]:
+    """Time to first token and mean inter-token latency (ms) of streamed chat completions, as a client
+    sees them through the whole path (API → queue → worker → Redis stream → API → client)."""
+    body = {
+        "model": model,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    ttft, itl = [], []
+    with httpx.Client(base_url=url, timeout=120) as client:
+        for i in range(n + 2):  # two to warm up
+            start, first, last, tokens = time.perf_counter(), None, None, 0
+            with client.stream(
+                "POST", "/v1/chat/completions", json=body | {"messages": story_messages(i)}
+            ) as r:
+                for line in r.iter_lines():
+                    if not line.startswith("data: {"):
+                        continue
+                    chunk = json.loads(line.removeprefix("data: "))
+                    if chunk.get("usage"):
+                        tokens = chunk["usage"]["completion_tokens"]
+                    elif chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
+                        last = time.perf_counter()
+                        first = first or last
+            if i >= 2 and first is not None and last is not None and tokens > 1:
+                ttft.append((first - start) * 1000)
+                itl.append((last - first) * 1000 / (tokens - 1))
+    return ttft, itl
+
+
+def engine_stream_latencies(model: str, n: int, max_tokens: int) -> tuple[list[float], list[float]]:
+    """The same requests through ``LLMEngine`` directly: add_request → first token, and the token gaps."""
+    from worker.engine import LLM, SamplingParams
+
+    llm = LLM(model)
+    params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
+    ttft, itl = [], []
+    for i in range(n + 2):
+        llm.engine.add_request(str(i), llm.chat_prompt(story_messages(i)), params)
+        while llm.engine.has_unfinished_requests():
+            for out in llm.engine.step():
+                if out.finished and i >= 2:
+                    times = out.metrics.token_times
+                    ttft.append((out.metrics.first_token_time - out.metrics.arrival_time) * 1000)
+                    itl.append((times[-1] - times[0]) * 1000 / (len(times) - 1))
+    return ttft, itl
 
 
 def batch_file(lines: int, max_tokens: int) -> bytes:
@@ -236,6 +298,8 @@ def main() -> None:
     parser.add_argument("--batch-e2e", action="store_true", help="also run a batch end to end vs LLM.chat")
     parser.add_argument("--batch-docs", type=int, default=1000)
     parser.add_argument("--batch-max-tokens", type=int, default=32)
+    parser.add_argument("--stream-requests", type=int, default=20, help="streamed chat completions timed")
+    parser.add_argument("--stream-tokens", type=int, default=64)
     args = parser.parse_args()
 
     settings = fresh_settings(args.model)
@@ -257,6 +321,9 @@ def main() -> None:
         worker = start("worker", settings, logs / "worker.log")
         try:
             latencies = queue_latencies(url, args.latency_jobs)
+            stream_ttft, stream_itl = streamed_latencies(
+                url, settings.served_model_name, args.stream_requests, args.stream_tokens
+            )
             if args.batch_e2e:
                 batch_tps = batch_end_to_end(url, args.batch_docs, args.batch_max_tokens)
         finally:
@@ -266,6 +333,7 @@ def main() -> None:
         api.terminate()
         api.wait(60)
     direct = engine_latencies(args.model, args.latency_jobs)
+    engine_ttft, engine_itl = engine_stream_latencies(args.model, args.stream_requests, args.stream_tokens)
     if args.batch_e2e:
         generate_tps = generate_directly(settings, args.batch_docs, args.batch_max_tokens)
 
@@ -301,6 +369,21 @@ def main() -> None:
             f"{batch_tps:.1f} output tok/s; LLM.chat on the same requests: {generate_tps:.1f} tok/s; "
             f"batch / LLM.chat = {batch_tps / generate_tps:.2f}x"
         )
+        ok = batch_tps >= TARGET_BATCH_VS_GENERATE * generate_tps
+        print(f"  target >= {TARGET_BATCH_VS_GENERATE:.0%} of LLM.chat: {'PASS' if ok else 'MISS'}")
+    added_ttft = statistics.median(stream_ttft) - statistics.median(engine_ttft)
+    added_itl = statistics.median(stream_itl) - statistics.median(engine_itl)
+    print(
+        f"streamed chat completion, {args.stream_requests} x {args.stream_tokens} tokens, medians: "
+        f"TTFT {statistics.median(stream_ttft):.1f} ms vs engine {statistics.median(engine_ttft):.1f} ms "
+        f"(+{added_ttft:.1f} ms); ITL {statistics.median(stream_itl):.2f} ms vs engine "
+        f"{statistics.median(engine_itl):.2f} ms (+{added_itl:.2f} ms)"
+    )
+    print(
+        f"  targets: added TTFT <= {TARGET_ADDED_TTFT_MS:.0f} ms: "
+        f"{'PASS' if added_ttft <= TARGET_ADDED_TTFT_MS else 'MISS'}; added ITL <= "
+        f"{TARGET_ADDED_ITL_MS:.0f} ms: {'PASS' if added_itl <= TARGET_ADDED_ITL_MS else 'MISS'}"
+    )
 
 
 if __name__ == "__main__":
