@@ -7,6 +7,8 @@ import pytest
 import torch
 
 from core.settings import Settings
+from pagedq import cli
+from tests.jobs_client import Database
 from tests.services import database_from, migrated_template, redis_url
 from tests.tiny_models import make_tiny_model
 
@@ -72,3 +74,17 @@ def service_settings(pg_template: str, tmp_path: Path, tiny_llama: Path) -> Iter
             reconcile_interval=0.5,
             shutdown_grace=5.0,
         )
+
+
+@pytest.fixture
+def db(service_settings: Settings) -> Iterator[Database]:
+    """Direct reads of the test's job tables."""
+    database = Database(service_settings)
+    yield database
+    database.close()
+
+
+@pytest.fixture(autouse=True)
+def _keep_pytest_logging(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``pagedq.cli.main`` would point the root logger at one test's captured stderr, for every later test."""
+    monkeypatch.setattr(cli, "configure_logging", lambda level: None)

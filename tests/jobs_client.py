@@ -1,10 +1,12 @@
 """Helpers for driving the job service in tests: submit through the API, wait on job rows, read workers."""
 
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import uvicorn
 from fastapi.testclient import TestClient
 from sqlalchemy import select
 
@@ -13,6 +15,21 @@ from core.db import make_engine, make_sessionmaker
 from core.models import Job, Worker
 from core.settings import Settings
 from tests.services import Process, service_env, wait_for
+
+
+@contextmanager
+def api_over_http(settings: Settings) -> Iterator[str]:
+    """The API served over real HTTP by uvicorn, in a thread of this process, on a free port."""
+    app = create_app(settings, Path(settings.model))
+    server = uvicorn.Server(uvicorn.Config(app, port=0, log_config=None, access_log=False))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: server.started, 30, "the API to start")
+        yield f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(30)
 
 
 @contextmanager

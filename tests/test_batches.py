@@ -12,7 +12,6 @@ import httpx
 import openai
 import pytest
 import redis
-import uvicorn
 from fastapi.testclient import TestClient
 from openai.types import Batch, Completion
 from openai.types.chat import ChatCompletion
@@ -28,17 +27,12 @@ from core.settings import Settings
 from core.webhooks import Outbox
 from migrations import upgrade
 from pagedq import cli
-from tests.jobs_client import Database, start_worker
+from tests.jobs_client import Database, api_over_http, start_worker
 from tests.services import Process, wait_for
 from worker.batches import BatchKeeper
 
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
 HOOK = "https://hooks.invalid/batches"  # never resolves: accepted, recorded, never reached
-
-
-@pytest.fixture(autouse=True)
-def _keep_pytest_logging(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cli, "configure_logging", lambda level: None)
 
 
 @pytest.fixture
@@ -64,15 +58,8 @@ def db(settings: Settings) -> Iterator[Database]:
 
 @pytest.fixture
 def api_url(settings: Settings) -> Iterator[str]:
-    """The API served over real HTTP by uvicorn, in a thread of this process, on a free port."""
-    app = create_app(settings, Path(settings.model))
-    server = uvicorn.Server(uvicorn.Config(app, port=0, log_config=None, access_log=False))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    wait_for(lambda: server.started, 30, "the API to start")
-    yield f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
-    server.should_exit = True
-    thread.join(30)
+    with api_over_http(settings) as url:
+        yield url
 
 
 @pytest.fixture

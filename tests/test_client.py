@@ -2,48 +2,21 @@
 
 import json
 import socket
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import uvicorn
 
-from api.app import create_app
 from core.settings import Settings
 from pagedq import cli
-from tests.jobs_client import Database, start_worker
-from tests.services import wait_for
-
-
-@pytest.fixture(autouse=True)
-def _keep_pytest_logging(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``main`` would point the root logger at this test's captured stderr, for every test after it."""
-    monkeypatch.setattr(cli, "configure_logging", lambda level: None)
-
-
-@pytest.fixture
-def db(service_settings: Settings) -> Iterator[Database]:
-    database = Database(service_settings)
-    yield database
-    database.close()
+from tests.jobs_client import Database, api_over_http, start_worker
 
 
 @pytest.fixture
 def api_url(service_settings: Settings) -> Iterator[str]:
-    """The API served over real HTTP by uvicorn, in a thread of this process, on a free port."""
-    config = uvicorn.Config(
-        create_app(service_settings, Path(service_settings.model)), port=0, log_config=None, access_log=False
-    )
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    wait_for(lambda: server.started, 30, "the API to start")
-    port = server.servers[0].sockets[0].getsockname()[1]
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(30)
+    with api_over_http(service_settings) as url:
+        yield url
 
 
 @pytest.fixture

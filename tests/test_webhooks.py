@@ -132,13 +132,6 @@ def settings(service_settings: Settings) -> Settings:
 
 
 @pytest.fixture
-def db(service_settings: Settings) -> Iterator[Database]:
-    database = Database(service_settings)
-    yield database
-    database.close()
-
-
-@pytest.fixture
 def processes() -> Iterator[list[Process]]:
     started: list[Process] = []
     yield started

@@ -18,13 +18,6 @@ PROMPTS = [f"The quick brown fox {i} jumps over" for i in range(100)]
 
 
 @pytest.fixture
-def db(service_settings: Settings) -> Iterator[Database]:
-    database = Database(service_settings)
-    yield database
-    database.close()
-
-
-@pytest.fixture
 def workers(service_settings: Settings, db: Database, tmp_path: Path) -> Iterator[list[Process]]:
     """The workers a test spawned; all are stopped at its end."""
     started: list[Process] = []
