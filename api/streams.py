@@ -26,7 +26,8 @@ IDLE_CHECK_MS = 1000  # how often a quiet stream re-reads the job (it may end wi
 
 
 async def job_events(service: Service, job_id: str) -> AsyncIterator[ServerSentEvent]:
-    if service.streams is None:
+    in_batch = (await run_in_threadpool(jobs.get, service, job_id)).batch_id is not None
+    if service.streams is None or in_batch:  # a batch's jobs are not streamed live (worker/host.py)
         events = _from_row(service, job_id)
     else:
         events = _from_stream(service, service.streams, job_id)

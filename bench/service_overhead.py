@@ -178,20 +178,24 @@ def streamed_latencies(url: str, model: str, n: int, max_tokens: int) -> tuple[l
 
 
 def engine_stream_latencies(model: str, n: int, max_tokens: int) -> tuple[list[float], list[float]]:
-    """The same requests through ``LLMEngine`` directly: add_request → first token, and the token gaps."""
+    """The same requests through ``LLMEngine`` directly, timed as the client times them: from
+    add_request to the first step that hands out text, and the mean gap per token after it."""
     from worker.engine import LLM, SamplingParams
 
     llm = LLM(model)
     params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
     ttft, itl = [], []
     for i in range(n + 2):
+        start, first, last = time.perf_counter(), None, None
         llm.engine.add_request(str(i), llm.chat_prompt(story_messages(i)), params)
         while llm.engine.has_unfinished_requests():
             for out in llm.engine.step():
-                if out.finished and i >= 2:
-                    times = out.metrics.token_times
-                    ttft.append((out.metrics.first_token_time - out.metrics.arrival_time) * 1000)
-                    itl.append((times[-1] - times[0]) * 1000 / (len(times) - 1))
+                if out.outputs[0].text:
+                    last = time.perf_counter()
+                    first = first or last
+        if i >= 2 and first is not None and last is not None:
+            ttft.append((first - start) * 1000)
+            itl.append((last - first) * 1000 / (max_tokens - 1))
     return ttft, itl
 
 

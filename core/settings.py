@@ -52,7 +52,7 @@ class Settings(BaseSettings):
 
     # The worker's reliability loop.
     worker_concurrency: int | None = None  # jobs held at once; default: max_num_seqs
-    flush_interval: float = 0.5  # partial output, heartbeats and cancellations, seconds
+    flush_interval: float = 0.8  # partial output, heartbeats and cancellations: under a second apart
     heartbeat_timeout: float = 30.0  # a worker silent this long is dead; its jobs are requeued
     requeue_after: float = 30.0  # a queued job this old with an empty broker queue is republished
     reconcile_interval: float = 5.0

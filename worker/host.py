@@ -188,7 +188,7 @@ class EngineHost:
             flight.token_times = list(metrics.token_times)
             flight.started, flight.first_token = metrics.first_scheduled_time, metrics.first_token_time
             flight.dirty = True
-        if self.streamer is not None:
+        if self.streamer is not None and not flight.job.in_batch:
             text = "".join(sample.text for sample in output.outputs if sample.index == 0)
             self.streamer.put(flight.job.id, flight.job.attempt, text, output.finished)
         if output.finished:

@@ -24,6 +24,7 @@ class ClaimedJob:
     prompt_token_ids: list[int]
     params: dict[str, Any]
     priority: int
+    in_batch: bool  # a batch's jobs are not streamed live: their output is read from the files
 
 
 @dataclass
@@ -91,7 +92,7 @@ class JobStore:
             update(Job)
             .where(Job.id == job_id, Job.status == JobStatus.QUEUED, Job.cancel_requested.is_(False))
             .values(status=JobStatus.RUNNING, attempt=Job.attempt + 1, worker_id=worker_id, **FRESH_RUN)
-            .returning(Job.attempt, Job.prompt_token_ids, Job.params, Job.priority)
+            .returning(Job.attempt, Job.prompt_token_ids, Job.params, Job.priority, Job.batch_id.is_not(None))
         )
         with self.sessions.begin() as session:
             row = session.execute(statement).one_or_none()

@@ -25,6 +25,7 @@ class TokenStreamer:
     def __init__(self, url: str) -> None:
         self._redis = redis.Redis.from_url(url)
         self._pieces: queue.SimpleQueue[Piece | None] = queue.SimpleQueue()
+        self._expiring: set[str] = set()  # jobs whose stream already has a TTL
         self._thread = threading.Thread(target=self._run, name="pagedq-streamer", daemon=True)
         self._thread.start()
 
@@ -54,7 +55,12 @@ class TokenStreamer:
                 pipe.xadd(key, {"attempt": piece.attempt, "text": storable(piece.text)})
             if piece.finished:
                 pipe.xadd(key, {"attempt": piece.attempt, "end": 1})
-            pipe.expire(key, STREAM_TTL_S)
+            if piece.finished or piece.job_id not in self._expiring:
+                pipe.expire(key, STREAM_TTL_S)  # at the start too: a run that dies leaves no key behind
+            if piece.finished:
+                self._expiring.discard(piece.job_id)
+            else:
+                self._expiring.add(piece.job_id)
         try:
             pipe.execute()
         except redis.RedisError as error:  # best effort: the database has the output either way
