@@ -140,7 +140,7 @@ async def stream_chunks(
     try:
         if endpoint == CHAT:
             yield chunk.event({"role": "assistant", "content": ""})
-        async for event in job_events(service, job.id):
+        async for event in job_events(service, job):
             if event.event == "delta":
                 yield chunk.event(event.data["text"])
             elif event.event == "job":

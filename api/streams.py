@@ -25,12 +25,12 @@ from core.streams import stream_key
 IDLE_CHECK_MS = 1000  # how often a quiet stream re-reads the job (it may end without a token: cancelled)
 
 
-async def job_events(service: Service, job_id: str) -> AsyncIterator[ServerSentEvent]:
-    in_batch = (await run_in_threadpool(jobs.get, service, job_id)).batch_id is not None
-    if service.streams is None or in_batch:  # a batch's jobs are not streamed live (worker/host.py)
-        events = _from_row(service, job_id)
+async def job_events(service: Service, job: Job) -> AsyncIterator[ServerSentEvent]:
+    # A batch's jobs are not streamed live (worker/host.py): follow their row.
+    if service.streams is None or job.batch_id is not None:
+        events = _from_row(service, job.id)
     else:
-        events = _from_stream(service, service.streams, job_id)
+        events = _from_stream(service, service.streams, job.id)
     async for event in events:
         yield event
 

@@ -7,6 +7,7 @@ model directory, on Redis db ``TEST_REDIS_DB``, so concurrent runs do not distur
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -92,6 +93,12 @@ def service_env(settings: Settings) -> dict[str, str]:
             env[f"PAGEDQ_{name.upper()}"] = str(value)
     env.setdefault("PAGEDQ_LOG_LEVEL", "INFO")
     return env
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def wait_for(condition: Callable[[], object], timeout: float, what: str, interval: float = 0.05) -> object:

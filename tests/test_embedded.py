@@ -1,19 +1,12 @@
 """``pagedq up``: API and worker in one command, on SQLite and a local-disk broker; jobs survive restarts."""
 
 import signal
-import socket
 from pathlib import Path
 
 import httpx
 
 from core.settings import Settings
-from tests.services import Process, service_env, wait_for
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.services import Process, free_port, service_env, wait_for
 
 
 def start_up(settings: Settings, log: Path) -> tuple[Process, httpx.Client]:

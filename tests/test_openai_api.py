@@ -4,7 +4,6 @@ on the real PostgreSQL and Redis, driven by the official ``openai`` SDK and by c
 import json
 import re
 import shlex
-import socket
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -16,7 +15,7 @@ import pytest
 
 from core.settings import Settings
 from tests.jobs_client import Database, start_worker
-from tests.services import Process, database_from, redis_url, service_env, wait_for
+from tests.services import Process, database_from, free_port, redis_url, service_env, wait_for
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -29,16 +28,13 @@ def service(
     tmp = tmp_path_factory.mktemp("openai")
     model = tmp / f"tiny-{uuid.uuid4().hex[:8]}"
     model.symlink_to(tiny_llama, target_is_directory=True)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     with database_from(pg_template) as url:
         settings = Settings(
             database_url=url,
             broker_url=redis_url(),
             model=str(model),
             data_dir=tmp,
-            port=port,
+            port=free_port(),
             device="cpu",
             dtype="float32",
             kv_cache_bytes=64 * 2**20,

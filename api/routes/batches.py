@@ -7,11 +7,10 @@ from fastapi import APIRouter, Query
 from api import batches
 from api.deps import ServiceDep
 from api.openai_schemas import BatchIn, BatchList, BatchOut
-from api.schemas import ErrorOut, InvalidOut
+from api.responses import INVALID, error, not_found
 
 router = APIRouter(prefix="/v1/batches", tags=["batches"])
-INVALID = {422: {"model": InvalidOut, "description": "Invalid request"}}
-NOT_FOUND = {404: {"model": ErrorOut, "description": "No batch has this id"}, **INVALID}
+NOT_FOUND = not_found("batch")
 
 CREATE_DESCRIPTION = """Every line of the input file is checked first: `{custom_id, method: "POST",
 url: <endpoint>, body}`, the body an OpenAI request for the endpoint, its prompt tokenized and checked
@@ -26,7 +25,7 @@ file (succeeded lines) and the error file (failed and cancelled lines), in input
     "",
     summary="Create a batch from an uploaded file",
     description=CREATE_DESCRIPTION,
-    responses={404: {"model": ErrorOut, "description": "No such input file"}, **INVALID},
+    responses=error(404, "No such input file") | INVALID,
 )
 def create_batch(request: BatchIn, service: ServiceDep) -> BatchOut:
     return batches.create(service, request)
@@ -59,7 +58,7 @@ def list_batches(
     summary="Cancel a batch",
     description="Queued requests are cancelled at once, running ones within a second or so; the batch is "
     "`cancelling` until they have stopped, then `cancelled`, with the results finished so far in its files.",
-    responses={409: {"model": ErrorOut, "description": "Already finished"}, **NOT_FOUND},
+    responses=error(409, "Already finished") | NOT_FOUND,
 )
 def cancel_batch(batch_id: str, service: ServiceDep) -> BatchOut:
     return batches.cancel(service, batch_id)

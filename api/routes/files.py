@@ -9,17 +9,16 @@ from api import files
 from api.deps import ServiceDep
 from api.errors import invalid
 from api.openai_schemas import FileDeleted, FileOut
-from api.schemas import ErrorOut, InvalidOut
+from api.responses import INVALID, error, not_found
 
 router = APIRouter(prefix="/v1/files", tags=["files"])
-INVALID = {422: {"model": InvalidOut, "description": "Invalid request"}}
-NOT_FOUND = {404: {"model": ErrorOut, "description": "No file has this id"}, **INVALID}
+NOT_FOUND = not_found("file")
 
 
 @router.post(
     "",
     summary="Upload a file (purpose=batch: a JSONL batch input file)",
-    responses={413: {"model": ErrorOut, "description": "Larger than 200 MiB"}, **INVALID},
+    responses=error(413, "Larger than 200 MiB") | INVALID,
 )
 async def upload_file(
     file: UploadFile, purpose: Annotated[str, Form(description="batch")], service: ServiceDep
@@ -52,7 +51,7 @@ def get_file_content(file_id: str, service: ServiceDep) -> Response:
 @router.delete(
     "/{file_id}",
     summary="Delete a file",
-    responses={409: {"model": ErrorOut, "description": "A batch uses the file"}, **NOT_FOUND},
+    responses=error(409, "A batch uses the file") | NOT_FOUND,
 )
 def delete_file(file_id: str, service: ServiceDep) -> FileDeleted:
     files.delete(service, file_id)

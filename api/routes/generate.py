@@ -9,7 +9,7 @@ from pydantic import BaseModel, Field
 
 from api import openai_online
 from api.deps import ServiceDep
-from api.schemas import InvalidOut
+from api.responses import INVALID
 from core.spec import JobSpec, SamplingSpec, Text
 
 router = APIRouter(tags=["classic"])
@@ -30,7 +30,7 @@ class GenerateOut(BaseModel):
     "/generate",
     summary="Generate, as vLLM's classic demo server did",
     response_model=GenerateOut,
-    responses={422: {"model": InvalidOut, "description": "Invalid request"}},
+    responses=INVALID,
 )
 async def generate(body: GenerateIn, request: Request, service: ServiceDep) -> Response:
     spec = JobSpec.model_validate(body.model_dump(exclude={"stream"}))

@@ -1,6 +1,6 @@
 """``/v1/jobs``: submit, read, list and cancel jobs."""
 
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from fastapi.sse import EventSourceResponse
@@ -8,7 +8,8 @@ from starlette.concurrency import run_in_threadpool
 
 from api import jobs
 from api.deps import Service, ServiceDep
-from api.schemas import ErrorOut, InvalidOut, JobList, JobOut
+from api.responses import DATABASE_DOWN, INVALID, error, not_found
+from api.schemas import InvalidOut, JobList, JobOut
 from api.streams import encoded, job_events
 from api.waiting import wait_preference
 from core.models import Job
@@ -17,12 +18,8 @@ from core.states import TERMINAL, JobStatus
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
-Responses = dict[int | str, dict[str, Any]]
-COMMON: Responses = {
-    422: {"model": InvalidOut, "description": "Invalid request"},
-    503: {"model": ErrorOut, "description": "The database is unavailable"},
-}
-NOT_FOUND: Responses = {404: {"model": ErrorOut, "description": "No job has this id"}, **COMMON}
+COMMON = INVALID | DATABASE_DOWN
+NOT_FOUND = not_found("job") | DATABASE_DOWN
 LOCATION = {"Location": {"description": "the job's URL", "schema": {"type": "string"}}}
 APPLIED = {
     "Preference-Applied": {"description": "`wait=N` when a wait was honoured", "schema": {"type": "string"}}
@@ -101,8 +98,8 @@ def get_job(job_id: str, service: ServiceDep) -> JobOut:
     return JobOut.of(jobs.get(service, job_id))
 
 
-async def _existing(job_id: str, service: ServiceDep) -> str:
-    return (await run_in_threadpool(jobs.get, service, job_id)).id
+async def _existing(job_id: str, service: ServiceDep) -> Job:
+    return await run_in_threadpool(jobs.get, service, job_id)
 
 
 EVENT_STREAM = {
@@ -122,8 +119,8 @@ EVENT_STREAM = {
     responses=EVENT_STREAM | NOT_FOUND,
     response_class=Response,
 )
-async def follow_job(job_id: Annotated[str, Depends(_existing)], service: ServiceDep) -> Response:
-    return EventSourceResponse(encoded(job_events(service, job_id)))
+async def follow_job(job: Annotated[Job, Depends(_existing)], service: ServiceDep) -> Response:
+    return EventSourceResponse(encoded(job_events(service, job)))
 
 
 LIST_DESCRIPTION = """Newest first, a page at a time: pass the `next_cursor` of a page as `after` to get the
@@ -165,7 +162,7 @@ def list_jobs(
     responses={
         200: {"description": "Cancelled"},
         202: {"model": JobOut, "description": "Cancellation requested; the worker stops it shortly"},
-        409: {"model": ErrorOut, "description": "Already finished"},
+        **error(409, "Already finished"),
         **NOT_FOUND,
     },
 )

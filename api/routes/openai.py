@@ -15,14 +15,13 @@ from api import openai_online
 from api.batch_lines import CHAT, COMPLETIONS
 from api.deps import ServiceDep
 from api.openai_online import OpenAIError
-from api.schemas import InvalidOut
+from api.responses import INVALID
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 STARTED = int(time.time())
 OpenAIBody = Annotated[
     dict[str, Any], Body(description="OpenAI's request body; unsupported fields are a 400 that names them")
 ]
-INVALID: dict[int | str, dict[str, Any]] = {422: {"model": InvalidOut, "description": "Not a JSON object"}}
 BAD_REQUEST = INVALID | {400: {"description": "Invalid request: `{error: {message, type, param, code}}`"}}
 UNKNOWN_MODEL = INVALID | {404: {"description": "No such model is served"}}
 

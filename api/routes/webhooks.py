@@ -4,14 +4,15 @@ and how each attempt went."""
 from datetime import datetime
 from typing import Any, Literal
 
-from fastapi import APIRouter, HTTPException
+from fastapi import APIRouter
 from pydantic import BaseModel, Field
 from sqlalchemy import ColumnElement, select
 from sqlalchemy.orm import Session
 
+from api.batches import batch_not_found
 from api.deps import ServiceDep
 from api.errors import job_not_found
-from api.schemas import ErrorOut, InvalidOut
+from api.responses import DATABASE_DOWN, not_found
 from core.models import Batch, Job, WebhookDelivery
 
 router = APIRouter(tags=["webhooks"])
@@ -47,18 +48,10 @@ class DeliveryList(BaseModel):
     data: list[DeliveryOut] = Field(description="oldest first")
 
 
-def _not_found(what: str) -> dict[int | str, dict[str, Any]]:
-    return {
-        404: {"model": ErrorOut, "description": f"No {what} has this id"},
-        422: {"model": InvalidOut, "description": "Invalid request"},
-        503: {"model": ErrorOut, "description": "The database is unavailable"},
-    }
-
-
 @router.get(
     "/v1/jobs/{job_id}/webhook-deliveries",
     summary="A job's webhook deliveries, with every attempt",
-    responses=_not_found("job"),
+    responses=not_found("job") | DATABASE_DOWN,
 )
 def job_deliveries(job_id: str, service: ServiceDep) -> DeliveryList:
     with service.sessions() as session:
@@ -70,12 +63,12 @@ def job_deliveries(job_id: str, service: ServiceDep) -> DeliveryList:
 @router.get(
     "/v1/batches/{batch_id}/webhook-deliveries",
     summary="A batch's webhook deliveries, with every attempt",
-    responses=_not_found("batch"),
+    responses=not_found("batch") | DATABASE_DOWN,
 )
 def batch_deliveries(batch_id: str, service: ServiceDep) -> DeliveryList:
     with service.sessions() as session:
         if session.get(Batch, batch_id) is None:
-            raise HTTPException(404, f"batch {batch_id!r} not found")
+            raise batch_not_found(batch_id)
         return _deliveries(session, WebhookDelivery.batch_id == batch_id)
 
 
