@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from core.models import storable
 from core.queue import queue_name
 from core.settings import Settings
 from tests.jobs_client import Database, api_client, start_worker, submit
@@ -39,7 +40,7 @@ def submit_greedy(client, prompt: str, max_tokens: int) -> str:
 def greedy(settings: Settings, prompts: list[str], max_tokens: int) -> list[str]:
     llm = LLM(settings.model, device="cpu", dtype="float32", kv_cache_bytes=64 * 2**20)
     outputs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True))
-    return [out.outputs[0].text.replace("\x00", "\ufffd") for out in outputs]  # as the database stores it
+    return [storable(out.outputs[0].text) for out in outputs]  # as the database stores it
 
 
 def test_job_result_matches_the_engine_and_has_one_timing_per_token(service_settings, db, workers, tmp_path):
@@ -146,6 +147,6 @@ def test_a_beam_search_job_returns_every_beam_best_first(service_settings, db, w
         body = client.get(f"/v1/jobs/{job_id}").json()
     llm = LLM(service_settings.model, device="cpu", dtype="float32", kv_cache_bytes=64 * 2**20)
     [want] = llm.generate([PROMPTS[0]], SamplingParams(**params))
-    assert [c["text"] for c in body["choices"]] == [o.text.replace("\x00", "\ufffd") for o in want.outputs]
+    assert [c["text"] for c in body["choices"]] == [storable(o.text) for o in want.outputs]
     assert body["output"] == body["choices"][0]["text"] and len(body["choices"]) == 3
     assert body["usage"]["completion_tokens"] == sum(len(o.token_ids) for o in want.outputs)
