@@ -43,7 +43,7 @@ def _submit_once(service: Service, job: Job, idempotency_key: str) -> tuple[Job,
         except IntegrityError:
             session.rollback()
             return _earlier(session, idempotency_key, job.request_hash), False
-    service.submitter.publish(job)
+    service.submitter.publish([job])
     return job, True
 
 

@@ -7,6 +7,8 @@ after the time it records, and its clock may differ a little from ours) and obse
 observed; remembered ids are forgotten once they fall out of the window. Only new rows are read in full.
 Queue time, time to first token and inter-token latency count every finished job that got that far;
 end-to-end latency counts succeeded jobs only. The definitions are those of ``api.schemas.Timings``.
+Every API process (``PAGEDQ_API_WORKERS``) observes every finished job from the database, so whichever
+process answers a scrape, the histograms agree.
 """
 
 import itertools

@@ -104,6 +104,8 @@ class PromptEncoder:
         return results
 
     def _encode_texts(self, texts: list[str], add_special_tokens: bool) -> list[list[int]]:
+        """Straight through the Rust tokenizer where there is one: its Python wrapper costs more than
+        the encoding of a short prompt."""
         with self._lock:
             if not self.tokenizer.is_fast:
                 return [self.tokenizer.encode(text, add_special_tokens=add_special_tokens) for text in texts]
@@ -127,13 +129,11 @@ class PromptEncoder:
         return token_ids
 
     def _text(self, prompt: str) -> list[int]:
-        with self._lock:
-            return self.tokenizer.encode(prompt)
+        return self._encode_texts([prompt], add_special_tokens=True)[0]
 
     def _chat(self, messages: list[ChatMessage]) -> list[int]:
         text = self._template([message.model_dump() for message in messages])
-        with self._lock:
-            return self.tokenizer.encode(text, add_special_tokens=False)
+        return self._encode_texts([text], add_special_tokens=False)[0]
 
     def _template(self, chat: list[dict[str, str]]) -> str:
         """The chat as text (jinja alone: no tokenizer state, so no lock)."""

@@ -2,19 +2,21 @@
 
 Under load the API's cost per job is dominated by a transaction per request; here one drain task
 commits whatever has queued up while the previous batch was being written, then publishes each id. An
-idle API still commits a lone job at once. A job is answered only after its row is committed and its
-message is published (or its publish failed, which the worker's reconciler repairs).
+idle API still commits a lone job at once. The batch's messages go out in one broker round trip. A job
+is answered only after its row is committed and its message is published (or its publish failed, which
+the worker's reconciler repairs).
 """
 
 import asyncio
 import logging
+from collections import defaultdict
 
 from celery import Celery
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
 from core.models import Job
-from core.queue import publish_job
+from core.queue import publish_jobs
 
 logger = logging.getLogger(__name__)
 MAX_BATCH = 256
@@ -52,12 +54,18 @@ class Submitter:
         with self._sessions() as session:
             session.add_all(jobs)
             session.commit()
-        for job in jobs:
-            self.publish(job)
+        self.publish(jobs)
 
-    def publish(self, job: Job) -> None:
-        """Publish a committed job's id; a failure is logged, not raised: the job is safe in the database."""
-        try:
-            publish_job(self._celery, job.id, self._queue, job.priority)
-        except Exception as error:  # the worker's reconciler republishes queued jobs without a message
-            logger.warning("job %s is queued; publishing failed (it will be republished): %s", job.id, error)
+    def publish(self, jobs: list[Job]) -> None:
+        """Publish committed jobs' ids; a failure is logged, not raised: the jobs are safe in the database."""
+        by_priority: dict[int, list[str]] = defaultdict(list)
+        for job in jobs:
+            by_priority[job.priority].append(job.id)
+        for priority, job_ids in by_priority.items():
+            try:
+                publish_jobs(self._celery, job_ids, self._queue, priority)
+            except Exception as error:  # the worker's reconciler republishes queued jobs without a message
+                logger.warning(
+                    "jobs are queued; publishing failed (they will be republished)",
+                    extra={"job_ids": job_ids[:10], "jobs": len(job_ids), "error": str(error)},
+                )

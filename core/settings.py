@@ -26,6 +26,7 @@ class Settings(BaseSettings):
     api_url: str = "http://127.0.0.1:8000"
     host: str = "127.0.0.1"
     port: int = 8000
+    api_workers: int = 1  # API processes sharing the port; each is one core's worth of submissions
     max_wait_seconds: float = 60.0  # the longest ``Prefer: wait=N`` honoured
     keep_jobs_of_disconnected_clients: bool = False  # an OpenAI-style request whose client left: keep it
 

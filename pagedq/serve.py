@@ -9,10 +9,15 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import uvicorn
+from uvicorn.supervisors import Multiprocess
 
 from core.settings import Settings
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
 
 logger = logging.getLogger("pagedq")
 
@@ -28,9 +33,27 @@ def serve_api(settings: Settings) -> None:
     from api.app import create_app
     from worker.engine.default_model import resolve_model
 
-    app = create_app(settings, resolve_model(settings.model))
-    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_config=None, access_log=False)
-    GracefulServer(config).run()
+    model_dir = resolve_model(settings.model)  # build the default model once, before any child wants it
+    options = {"host": settings.host, "port": settings.port, "log_config": None, "access_log": False}
+    if settings.api_workers <= 1:
+        GracefulServer(uvicorn.Config(create_app(settings, model_dir), **options)).run()
+        return
+    # uvicorn's supervisor spawns each process afresh: they import api_app, which reads the settings
+    # from the environment, so the parent's are put there first.
+    os.environ.update(_env_for(settings))
+    config = uvicorn.Config("pagedq.serve:api_app", factory=True, workers=settings.api_workers, **options)
+    Multiprocess(config, sockets=[config.bind_socket()]).run()
+
+
+def api_app() -> "FastAPI":
+    """The app of one of several API processes (``PAGEDQ_API_WORKERS`` > 1)."""
+    from api.app import create_app
+    from pagedq.cli import configure_logging
+    from worker.engine.default_model import resolve_model
+
+    settings = Settings()
+    configure_logging(settings.log_level)  # a spawned process starts with no logging set up
+    return create_app(settings, resolve_model(settings.model))
 
 
 class GracefulServer(uvicorn.Server):
@@ -67,7 +90,7 @@ def up(settings: Settings) -> None:
     from worker.engine.default_model import resolve_model
 
     migrate(settings)
-    resolve_model(settings.model)  # build the default model once, before two processes want it
+    resolve_model(settings.model)  # build the default model once, before the worker and the API want it
     children = {
         name: subprocess.Popen([sys.executable, "-m", "pagedq", name], env=_env_for(settings))
         for name in ("worker", "webhooks")
@@ -87,9 +110,11 @@ def up(settings: Settings) -> None:
 
 
 def _env_for(settings: Settings) -> dict[str, str]:
+    """This environment, with the settings given on the command line or resolved here made explicit."""
     env = dict(os.environ)
     env["PAGEDQ_DATABASE_URL"] = settings.resolved_database_url
     env["PAGEDQ_BROKER_URL"] = settings.resolved_broker_url
+    env["PAGEDQ_HOST"], env["PAGEDQ_PORT"] = settings.host, str(settings.port)
     return env
 
 

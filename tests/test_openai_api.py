@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parent.parent
 def service(
     pg_template: str, tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Settings]:
-    """A real API and worker, as users start them."""
+    """A real API (two processes on one port) and worker, as users start them."""
     tmp = tmp_path_factory.mktemp("openai")
     model = tmp / f"tiny-{uuid.uuid4().hex[:8]}"
     model.symlink_to(tiny_llama, target_is_directory=True)
@@ -39,6 +39,7 @@ def service(
             dtype="float32",
             kv_cache_bytes=64 * 2**20,
             flush_interval=0.1,
+            api_workers=2,
         )
         db = Database(settings)
         worker = start_worker(settings, db, tmp / "worker.log")
@@ -47,7 +48,7 @@ def service(
             wait_for(lambda: _ready(settings), 60, "the API to be ready", interval=0.2)
             yield settings
         finally:
-            api.stop()
+            assert api.stop() == 0, api.log()[-3000:]  # SIGTERM stops every API process cleanly
             worker.stop()
             db.close()
 
@@ -67,6 +68,17 @@ def client(service: Settings) -> openai.OpenAI:
 def job_of(service: Settings, completion_id: str) -> dict:
     job_id = "job_" + completion_id.split("-", 1)[1]
     return httpx.get(f"http://127.0.0.1:{service.port}/v1/jobs/{job_id}").json()
+
+
+def test_the_api_runs_as_several_processes(service: Settings, client: openai.OpenAI) -> None:
+    log = (service.data_dir / "api.log").read_text()
+    assert log.count("Started server process") == 2, log[-3000:]
+    for i in range(6):  # the kernel spreads connections over both processes; each must serve them
+        fresh = openai.OpenAI(base_url=str(client.base_url), api_key="unused", max_retries=0)
+        completion = fresh.completions.create(
+            model=service.served_model_name, prompt=f"Count {i}", max_tokens=2
+        )
+        assert completion.usage is not None and completion.usage.completion_tokens == 2
 
 
 def test_chat_completion_is_a_job_with_timings(service: Settings, client: openai.OpenAI) -> None:
