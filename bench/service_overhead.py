@@ -1,12 +1,13 @@
 """What the job service adds on top of the engine, through real processes, Postgres and Redis.
 
-    python bench/service_overhead.py [--model DIR] [--seconds 10] [--concurrency 64] [--latency-jobs 200]
-        [--batch-lines 50000] [--batch-e2e [--batch-docs 1000]] [--stream-requests 20]
+    python bench/service_overhead.py [--model DIR] [--seconds 10] [--concurrency 64] [--api-workers 2]
+        [--latency-jobs 200] [--batch-lines 50000] [--batch-e2e [--batch-docs 1000]] [--stream-requests 20]
 
 Needs wrk (Debian: apt-get install wrk), PostgreSQL and Redis as the tests use them.
-1. Accepted jobs/s: ``pagedq api`` (one uvicorn process) takes concurrent single POSTs from wrk
-   (``--concurrency`` connections, ``--seconds`` long) while no worker runs, so the number is the
-   API's alone. Baseline in the same run: wrk against ``GET /healthz``, the HTTP floor of this stack.
+1. Accepted jobs/s: ``pagedq api`` (``--api-workers`` uvicorn processes, default 2: one per core)
+   takes concurrent single POSTs from wrk (``--concurrency`` connections, ``--seconds`` long) while
+   no worker runs, so the number is the API's alone. Baseline in the same run: wrk against
+   ``GET /healthz``, the HTTP floor of this stack.
 2. Queue-to-engine latency: a ``pagedq worker`` on an idle engine; ``--latency-jobs`` jobs with
    ``max_tokens=1`` submitted one at a time (``Prefer: wait``); latency = started_at − queued_at
    (row committed → first scheduled by the engine), p50 and p99. Baseline: the same request through
@@ -57,7 +58,7 @@ TARGET_ADDED_TTFT_MS, TARGET_ADDED_ITL_MS = 30.0, 2.0
 DOCUMENT = "The committee met on Tuesday to review the budget, the hiring plan and the new office lease."
 
 
-def fresh_settings(model: str) -> Settings:
+def fresh_settings(model: str, api_workers: int) -> Settings:
     with psycopg.connect(ADMIN_URL, autocommit=True) as admin:
         admin.execute(f"DROP DATABASE IF EXISTS {DATABASE} WITH (FORCE)")
         admin.execute(f"CREATE DATABASE {DATABASE}")
@@ -66,7 +67,11 @@ def fresh_settings(model: str) -> Settings:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     settings = Settings(
-        database_url=f"{base}/{DATABASE}", broker_url="redis://127.0.0.1:6379/14", model=model, port=port
+        database_url=f"{base}/{DATABASE}",
+        broker_url="redis://127.0.0.1:6379/14",
+        model=model,
+        port=port,
+        api_workers=api_workers,
     )
     upgrade(settings)
     redis.Redis.from_url(settings.resolved_broker_url).flushdb()
@@ -297,6 +302,7 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--seconds", type=int, default=10, help="length of each wrk run")
     parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--api-workers", type=int, default=2, help="API processes (PAGEDQ_API_WORKERS)")
     parser.add_argument("--latency-jobs", type=int, default=200)
     parser.add_argument("--batch-lines", type=int, default=50_000, help="lines of the batch-accept file")
     parser.add_argument("--batch-e2e", action="store_true", help="also run a batch end to end vs LLM.chat")
@@ -306,7 +312,7 @@ def main() -> None:
     parser.add_argument("--stream-tokens", type=int, default=64)
     args = parser.parse_args()
 
-    settings = fresh_settings(args.model)
+    settings = fresh_settings(args.model, args.api_workers)
     url = f"http://127.0.0.1:{settings.port}"
     logs = Path(tempfile.mkdtemp(prefix="pagedq-bench-"))
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; logs in {logs}")
@@ -343,7 +349,7 @@ def main() -> None:
 
     p50, p99 = percentile(latencies, 50), percentile(latencies, 99)
     print(
-        f"accepted jobs/s: {accepted:.0f} "
+        f"accepted jobs/s, {args.api_workers} API process(es): {accepted:.0f} "
         f"(GET /healthz: {health:.0f}/s; jobs / healthz = {accepted / health:.2f}x)"
     )
     print(
