@@ -60,6 +60,21 @@ def test_stale_attempt_cannot_overwrite_the_result_of_a_newer_one(store: JobStor
     assert (job.status, job.output_text, job.completion_tokens) == ("succeeded", "fresh", 1)
 
 
+def test_one_write_of_many_runs_finds_exactly_the_stale_ones(store: JobStore) -> None:
+    ids = [add_job(store) for _ in range(4)]
+    runs = [store.claim(job_id, "w1") for job_id in ids]
+    assert all(run is not None for run in runs)
+    with store.sessions.begin() as session:  # another run took the second job over
+        session.execute(update(Job).where(Job.id == ids[1]).values(attempt=Job.attempt + 1))
+    progress = [Progress(run.id, run.attempt, f"text {i}", i) for i, run in enumerate(runs) if run]
+    progress[3].status = JobStatus.SUCCEEDED  # results and partial progress in the same flush
+
+    assert store.write(progress) == {ids[1]}
+    jobs = [get(store, job_id) for job_id in ids]
+    assert [job.output_text for job in jobs] == ["text 0", "", "text 2", "text 3"]
+    assert [job.status for job in jobs] == ["running", "running", "running", "succeeded"]
+
+
 def test_orphan_with_a_pending_cancel_ends_cancelled_not_requeued(store: JobStore) -> None:
     job_id = add_job(store)
     store.claim(job_id, "gone")

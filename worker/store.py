@@ -4,11 +4,12 @@ Every write to a job is conditional on the attempt that claimed it, so a stale d
 redelivered message, a worker presumed dead) can never overwrite what the current run wrote.
 """
 
+from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import delete, or_, select, update
+from sqlalchemy import bindparam, delete, or_, select, update
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -66,6 +67,13 @@ class Progress:
         return values
 
 
+# A run's write, bound per row: the SET clause is the parameters' other keys (one executemany per key set).
+RUN_WRITE = update(Job.__table__).where(
+    Job.__table__.c.id == bindparam("run_id"),
+    Job.__table__.c.attempt == bindparam("run_attempt"),
+    Job.__table__.c.status == JobStatus.RUNNING,
+)
+
 FRESH_RUN = {
     "output_text": "",
     "choices": None,
@@ -105,11 +113,7 @@ class JobStore:
         """
         try:
             with self.sessions.begin() as session:
-                lost = {
-                    p.job_id
-                    for p in progress
-                    if not self._write_one(session, p.job_id, p.attempt, p.columns())
-                }
+                lost = self._write_many(session, progress)
                 ended = [p.job_id for p in progress if p.status is not None and p.job_id not in lost]
                 deliveries = self._record_events(session, ended)
         except DBAPIError as error:
@@ -133,6 +137,24 @@ class JobStore:
                 deliveries = self._record_events(session, [p.job_id])
             self._publish(deliveries)
             return set()
+
+    def _write_many(self, session: Session, progress: list[Progress]) -> set[str]:
+        """One executemany per set of columns (progress, results): a single round trip each. Only when
+        fewer rows matched than were written are the runs checked one by one for the lost ones."""
+        by_columns: dict[tuple[str, ...], list[tuple[Progress, dict[str, Any]]]] = defaultdict(list)
+        for p in progress:
+            values = p.columns()
+            by_columns[tuple(values)].append((p, values))
+        lost: set[str] = set()
+        for rows in by_columns.values():
+            params = [{"run_id": p.job_id, "run_attempt": p.attempt, **values} for p, values in rows]
+            if session.connection().execute(RUN_WRITE, params).rowcount != len(rows):
+                lost |= {
+                    p.job_id
+                    for p, values in rows
+                    if not self._write_one(session, p.job_id, p.attempt, values)
+                }
+        return lost
 
     @staticmethod
     def _write_one(session: Session, job_id: str, attempt: int, values: dict[str, Any]) -> bool:
