@@ -71,8 +71,11 @@ def job_of(service: Settings, completion_id: str) -> dict:
 
 
 def test_the_api_runs_as_several_processes(service: Settings, client: openai.OpenAI) -> None:
-    log = (service.data_dir / "api.log").read_text()
-    assert log.count("Started server process") == 2, log[-3000:]
+    def started() -> int:
+        return (service.data_dir / "api.log").read_text().count('"message": "Started server process')
+
+    wait_for(lambda: started() >= 2, 60, "the second API process to start", interval=0.2)
+    assert started() == 2
     for i in range(6):  # the kernel spreads connections over both processes; each must serve them
         fresh = openai.OpenAI(base_url=str(client.base_url), api_key="unused", max_retries=0)
         completion = fresh.completions.create(
