@@ -9,6 +9,7 @@ every bad line and creates no job. A good one becomes the batch row and all its 
 import logging
 import os
 import time
+from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 
@@ -133,19 +134,26 @@ def _fail(service: Service, batch: Batch, errors: list[LineError]) -> None:
 
 def _start(service: Service, batch: Batch, lines: list[Line], token_ids: list[list[int]]) -> None:
     batch.status, batch.in_progress_at, batch.total = BatchStatus.IN_PROGRESS, batch.created_at, len(lines)
-    rows = _job_rows(batch, lines, token_ids)
+    ids = _job_ids(batch, len(lines))
     with service.sessions.begin() as session:
         session.add(batch)
         session.flush()
-        insert_jobs(session, rows)
-    service.bulk_publisher.publish([row["id"] for row in rows], batch.priority)
+        insert_jobs(session, _job_rows(batch, ids, lines, token_ids))
+    service.bulk_publisher.publish(ids, batch.priority)
 
 
-def _job_rows(batch: Batch, lines: list[Line], token_ids: list[list[int]]) -> list[dict[str, Any]]:
-    """One job per line. Ids count up in input order (time, a random part, then the line's index), so
-    ordering a batch's jobs by id gives its lines in order."""
+def _job_ids(batch: Batch, count: int) -> list[str]:
+    """Ids that count up in input order (time, a random part, then the line's index), so ordering a
+    batch's jobs by id gives its lines in order."""
+    prefix = f"job_{int(batch.created_at.timestamp() * 1000):012x}{os.urandom(4).hex()}"
+    return [f"{prefix}{index:012x}" for index in range(count)]
+
+
+def _job_rows(
+    batch: Batch, job_ids: list[str], lines: list[Line], token_ids: list[list[int]]
+) -> Iterator[dict[str, Any]]:
+    """One job per line, made as the insert takes them."""
     now: datetime = batch.created_at
-    prefix = f"job_{int(now.timestamp() * 1000):012x}{os.urandom(4).hex()}"
     common = {
         "status": JobStatus.QUEUED.value,
         "model": batch.model,
@@ -155,20 +163,20 @@ def _job_rows(batch: Batch, lines: list[Line], token_ids: list[list[int]]) -> li
         "queued_at": now,
         "published_at": now,
     } | FRESH
-    return [
+    return (
         {
-            "id": f"{prefix}{index:012x}",
+            "id": job_id,
             "prompt": line.spec.prompt,
             "messages": [m.model_dump() for m in line.spec.messages] if line.spec.messages else None,
-            "prompt_token_ids": ids,
-            "prompt_tokens": len(ids),
+            "prompt_token_ids": prompt_ids,
+            "prompt_tokens": len(prompt_ids),
             "params": line.spec.engine_params(),
             "meta": line.spec.metadata,
             "custom_id": line.custom_id,
             **common,
         }
-        for index, (line, ids) in enumerate(zip(lines, token_ids, strict=True))
-    ]
+        for job_id, line, prompt_ids in zip(job_ids, lines, token_ids, strict=True)
+    )
 
 
 def get(service: Service, batch_id: str) -> BatchOut:
