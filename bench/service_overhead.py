@@ -50,6 +50,8 @@ import redis
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from engine_throughput import wait_quiet  # noqa: E402
+
 from core.queue import queue_name  # noqa: E402
 from core.settings import Settings  # noqa: E402
 from migrations import upgrade  # noqa: E402
@@ -319,6 +321,10 @@ def main() -> None:
     url = f"http://127.0.0.1:{settings.port}"
     logs = Path(tempfile.mkdtemp(prefix="pagedq-bench-"))
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; logs in {logs}")
+    busy = wait_quiet(60)
+    print(f"cores busy before the run (other processes; ~0 is clean): {busy:.2f}")
+    if busy >= 0.3:
+        print("  WARNING: the machine is not quiet (a leftover pagedq process?); numbers will be noisy")
 
     api = start("api", settings, logs / "api.log")
     try:
