@@ -65,7 +65,9 @@ def run_worker(settings: Settings) -> None:
     store = JobStore(make_sessionmaker(make_engine(settings)), settings.served_model_name, outbox)
     url = streams_url(settings)
     streamer = TokenStreamer(url) if url else None
-    host = EngineHost(build_engine(settings), store, publish, worker_id, settings.flush_interval, streamer)
+    host = EngineHost(
+        lambda: build_engine(settings), store, publish, worker_id, settings.flush_interval, streamer
+    )
     register_run_job(app, host)
     reconciler = Reconciler(
         store,
