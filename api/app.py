@@ -8,6 +8,7 @@ from fastapi import FastAPI
 from redis.asyncio import Redis
 from starlette.concurrency import run_in_threadpool
 
+from api.batch_check import BatchChecker
 from api.bulk_publisher import BulkPublisher
 from api.deps import Service
 from api.errors import install_error_handlers
@@ -36,6 +37,7 @@ def create_app(settings: Settings, model_dir: Path) -> FastAPI:
         yield
         await service.waiter.close()
         await run_in_threadpool(service.bulk_publisher.close)
+        await run_in_threadpool(service.batch_checker.close)
         if service.streams is not None:
             await service.streams.aclose()
         service.engine.dispose()
@@ -58,12 +60,14 @@ def build_service(settings: Settings, model_dir: Path) -> Service:
     sessions = make_sessionmaker(engine)
     celery = make_celery(settings)
     queue = queue_name(settings.served_model_name)
+    prompts = PromptEncoder(model_dir, settings.max_model_len)
     return Service(
         settings=settings,
         engine=engine,
         sessions=sessions,
         celery=celery,
-        prompts=PromptEncoder(model_dir, settings.max_model_len),
+        prompts=prompts,
+        batch_checker=BatchChecker(prompts, model_dir, settings.max_model_len, settings.batch_processes),
         waiter=JobWaiter(sessions),
         submitter=Submitter(sessions, celery, queue),
         streams=Redis.from_url(url) if (url := streams_url(settings)) else None,

@@ -48,6 +48,9 @@ class LineError(Exception):
     message: str
     param: str | None = None
 
+    def __reduce__(self) -> tuple[type["LineError"], tuple[int | None, str, str, str | None]]:
+        return LineError, (self.line, self.code, self.message, self.param)  # it crosses processes
+
     def as_json(self) -> dict[str, Any]:
         return {"code": self.code, "message": self.message, "line": self.line, "param": self.param}
 
@@ -60,34 +63,31 @@ class Line:
     fills_context: bool  # no max_tokens: generate up to the end of the context, as OpenAI does
 
 
-def read_lines(content: bytes, endpoint: str, served_model: str) -> tuple[list[Line], list[LineError]]:
-    """Every non-blank line as a ``Line``, or its ``LineError``; duplicate custom_ids are errors too."""
+def read_lines(
+    raw_lines: list[bytes], first_number: int, endpoint: str, served_model: str
+) -> tuple[list[Line], list[LineError]]:
+    """Every non-blank line as a ``Line``, or its ``LineError``, numbered from ``first_number``.
+    Whether a custom_id repeats is for the caller to see: it sees the whole file."""
     lines: list[Line] = []
     errors: list[LineError] = []
-    first_use: dict[str, int] = {}
-    for number, raw in enumerate(content.splitlines(), start=1):
+    for number, raw in enumerate(raw_lines, start=first_number):
         if not raw.strip():
             continue
         try:
-            lines.append(_line(number, raw, endpoint, served_model, first_use))
+            lines.append(_line(number, raw, endpoint, served_model))
         except LineError as error:
             errors.append(error)
-    if not lines and not errors:
-        errors.append(LineError(None, "empty_file", "the input file has no request lines"))
     return lines, errors
 
 
-def _line(number: int, raw: bytes, endpoint: str, served_model: str, first_use: dict[str, int]) -> Line:
+def _line(number: int, raw: bytes, endpoint: str, served_model: str) -> Line:
     try:
         request = _envelope(_json_object(raw), endpoint)
-        custom_id = request["custom_id"]
-        if (first := first_use.setdefault(custom_id, number)) != number:
-            raise _error("duplicate_custom_id", f"custom_id {custom_id!r} is already used on line {first}")
         spec, fills_context = to_spec(request["body"], endpoint, served_model)
     except LineError as error:
         error.line = number
         raise
-    return Line(number, custom_id, spec, fills_context)
+    return Line(number, request["custom_id"], spec, fills_context)
 
 
 def _error(code: str, message: str, param: str | None = None) -> LineError:

@@ -1,30 +1,29 @@
 """The queries behind ``/v1/batches``: accept a file as one batch of jobs, read, list and cancel batches.
 
-Accepting is one pass over the file: every line is checked and its prompt tokenized (the tokenizer's
-batch encode) before anything is written. A file with any bad line becomes a ``failed`` batch listing
-every bad line and creates no job. A good one becomes the batch row and all its jobs in one transaction
-(one COPY), whose ids are then published in the background (``api/bulk_publisher.py``).
+Accepting is one pass over the file (``api/batch_check.py``): the batch row and its jobs are written in
+one transaction (one COPY) as the lines are checked, and committed only if every line is good; their
+ids are then published in the background (``api/bulk_publisher.py``). A file with any bad line rolls
+that back and becomes a ``failed`` batch listing every bad line, with no job.
 """
 
 import logging
 import os
 import time
-from collections.abc import Iterator
-from datetime import datetime
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from fastapi import HTTPException
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from api.batch_lines import Line, LineError, read_lines
+from api.batch_check import BadLines, CheckedLine
+from api.batch_lines import LineError
 from api.bulk_insert import insert_jobs
 from api.deps import Service
 from api.errors import invalid
 from api.files import file_not_found
 from api.jobs import check_webhook_url
 from api.openai_schemas import BatchIn, BatchOut
-from api.prompts import ContextExceeded, PromptError
 from core.batches import cancel_unfinished, tally
 from core.models import Batch, File, new_batch_id, utcnow
 from core.states import BATCH_TERMINAL, BatchStatus, JobStatus
@@ -51,20 +50,19 @@ def create(service: Service, request: BatchIn) -> BatchOut:
     content = _input_file(service, request.input_file_id)
     if request.webhook_url is not None:
         check_webhook_url(service, str(request.webhook_url))
-    lines, errors = read_lines(content, request.endpoint, service.settings.served_model_name)
-    token_ids = _encode(service, lines, errors)
     batch = _new_batch(service, request)
-    if errors:
-        _fail(service, batch, sorted(errors, key=lambda e: e.line or 0))
-    else:
-        _start(service, batch, lines, token_ids)
+    lines = service.batch_checker.check(content, request.endpoint, service.settings.served_model_name)
+    try:
+        _start(service, batch, lines)
+    except BadLines as bad:
+        _fail(service, batch, bad.errors)
     logger.info(
         "batch created",
         extra={
             "batch_id": batch.id,
             "status": batch.status,
-            "lines": len(lines) + len(errors),
-            "bad_lines": len(errors),
+            "lines": batch.total,
+            "bad_lines": len(batch.errors or []),
             "seconds": round(time.monotonic() - started, 3),
         },
     )
@@ -82,24 +80,6 @@ def _input_file(service: Service, file_id: str) -> bytes:
         )
         raise invalid(("body", "input_file_id"), message, "invalid_file_purpose")
     return row.content
-
-
-def _encode(service: Service, lines: list[Line], errors: list[LineError]) -> list[list[int]]:
-    """Each line's prompt token ids (empty for a line that cannot run: its error joins ``errors``).
-
-    A line without max_tokens gets what is left of the context after its prompt, as OpenAI's API does.
-    """
-    results = service.prompts.encode_many([line.spec for line in lines])
-    token_ids = []
-    for line, result in zip(lines, results, strict=True):
-        if isinstance(result, PromptError):
-            code = "context_length_exceeded" if isinstance(result, ContextExceeded) else "invalid_prompt"
-            errors.append(LineError(line.number, code, str(result), f"body.{result.field}"))
-            result = []
-        elif line.fills_context:
-            line.spec.max_tokens = service.prompts.context_length - len(result)
-        token_ids.append(result)
-    return token_ids
 
 
 def _new_batch(service: Service, request: BatchIn) -> Batch:
@@ -125,6 +105,7 @@ def _fail(service: Service, batch: Batch, errors: list[LineError]) -> None:
         more = f"{len(errors) - MAX_LISTED_ERRORS} more lines have errors, not listed"
         listed.append(LineError(None, "too_many_errors", more).as_json())
     batch.status, batch.failed_at, batch.errors = BatchStatus.FAILED, batch.created_at, listed
+    batch.in_progress_at, batch.total = None, 0
     with service.sessions.begin() as session:
         session.add(batch)
         session.flush()
@@ -132,51 +113,47 @@ def _fail(service: Service, batch: Batch, errors: list[LineError]) -> None:
     publish_deliveries(service.celery, deliveries)
 
 
-def _start(service: Service, batch: Batch, lines: list[Line], token_ids: list[list[int]]) -> None:
-    batch.status, batch.in_progress_at, batch.total = BatchStatus.IN_PROGRESS, batch.created_at, len(lines)
-    ids = _job_ids(batch, len(lines))
+def _start(service: Service, batch: Batch, lines: Iterable[CheckedLine]) -> None:
+    """The batch and a job per line, committed once the last line is checked (``BadLines`` rolls all
+    back). Job ids count up in input order (time, a random part, then the line's number), so ordering a
+    batch's jobs by id gives its lines in order."""
+    batch.status, batch.in_progress_at = BatchStatus.IN_PROGRESS, batch.created_at
+    prefix = f"job_{int(batch.created_at.timestamp() * 1000):012x}{os.urandom(4).hex()}"
+    ids: list[str] = []
     with service.sessions.begin() as session:
         session.add(batch)
         session.flush()
-        insert_jobs(session, _job_rows(batch, ids, lines, token_ids))
+        insert_jobs(session, _job_rows(batch, prefix, lines, ids))
+        batch.total = len(ids)
     service.bulk_publisher.publish(ids, batch.priority)
 
 
-def _job_ids(batch: Batch, count: int) -> list[str]:
-    """Ids that count up in input order (time, a random part, then the line's index), so ordering a
-    batch's jobs by id gives its lines in order."""
-    prefix = f"job_{int(batch.created_at.timestamp() * 1000):012x}{os.urandom(4).hex()}"
-    return [f"{prefix}{index:012x}" for index in range(count)]
-
-
 def _job_rows(
-    batch: Batch, job_ids: list[str], lines: list[Line], token_ids: list[list[int]]
+    batch: Batch, prefix: str, lines: Iterable[CheckedLine], ids: list[str]
 ) -> Iterator[dict[str, Any]]:
-    """One job per line, made as the insert takes them."""
-    now: datetime = batch.created_at
+    """One job per line, made as the insert takes them; their ids are appended to ``ids``."""
     common = {
         "status": JobStatus.QUEUED.value,
         "model": batch.model,
         "priority": batch.priority,
         "batch_id": batch.id,
         "endpoint": batch.endpoint,
-        "queued_at": now,
-        "published_at": now,
+        "queued_at": batch.created_at,
+        "published_at": batch.created_at,
     } | FRESH
-    return (
-        {
+    for line in lines:
+        ids.append(job_id := f"{prefix}{line.number:012x}")
+        yield {
             "id": job_id,
-            "prompt": line.spec.prompt,
-            "messages": [m.model_dump() for m in line.spec.messages] if line.spec.messages else None,
-            "prompt_token_ids": prompt_ids,
-            "prompt_tokens": len(prompt_ids),
-            "params": line.spec.engine_params(),
-            "meta": line.spec.metadata,
+            "prompt": line.prompt,
+            "messages": line.messages,
+            "prompt_token_ids": line.prompt_token_ids,
+            "prompt_tokens": len(line.prompt_token_ids),
+            "params": line.params,
+            "meta": line.meta,
             "custom_id": line.custom_id,
             **common,
         }
-        for job_id, line, prompt_ids in zip(job_ids, lines, token_ids, strict=True)
-    )
 
 
 def get(service: Service, batch_id: str) -> BatchOut:

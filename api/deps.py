@@ -9,6 +9,7 @@ from redis.asyncio import Redis
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
+from api.batch_check import BatchChecker
 from api.bulk_publisher import BulkPublisher
 from api.metrics import Metrics
 from api.prompts import PromptEncoder
@@ -25,6 +26,7 @@ class Service:
     sessions: sessionmaker[Session]
     celery: Celery
     prompts: PromptEncoder
+    batch_checker: BatchChecker
     waiter: JobWaiter
     submitter: Submitter
     streams: Redis | None  # the Redis that holds live token streams; None in the embedded mode

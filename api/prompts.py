@@ -2,10 +2,12 @@
 
 import math
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from transformers import AutoConfig, AutoTokenizer
 
+from api.piece_encoding import PieceEncoder
 from core.spec import ChatMessage, JobSpec
 
 
@@ -43,6 +45,8 @@ class PromptEncoder:
     def __init__(self, model_dir: Path, max_model_len: int | None) -> None:
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         self.context_length = context_length(model_dir, max_model_len)
+        fast = self.tokenizer.is_fast
+        self._chats = PieceEncoder(self.tokenizer.backend_tokenizer) if fast else None
         # A fast tokenizer's Rust state must not be borrowed by two threads at once.
         self._lock = threading.Lock()
 
@@ -58,13 +62,15 @@ class PromptEncoder:
         return result
 
     def encode_many(self, specs: list[JobSpec]) -> list[list[int] | PromptError]:
-        """``encode`` for many specs at once, each answered by its ids or its error: the chat templates
-        are rendered, then the texts batch-encoded by the Rust tokenizer, a chunk at a time."""
-        results: list[list[int] | PromptError] = []
-        for start in range(0, len(specs), ENCODE_CHUNK):
-            chunk = specs[start : start + ENCODE_CHUNK]
-            results += self._encode_chunk(chunk, self._render_many(chunk))
-        return results
+        """``encode`` for many specs at once, each answered by its ids or its error, a chunk at a time:
+        this thread renders a chunk's chat templates while another has the previous chunk tokenized
+        (the Rust tokenizer runs without the GIL)."""
+        chunks = [specs[start : start + ENCODE_CHUNK] for start in range(0, len(specs), ENCODE_CHUNK)]
+        with ThreadPoolExecutor(1, thread_name_prefix="tokenize") as tokenizing:
+            done = [
+                tokenizing.submit(self._encode_chunk, chunk, self._render_many(chunk)) for chunk in chunks
+            ]
+            return [result for chunk in done for result in chunk.result()]
 
     def _render_many(self, specs: list[JobSpec]) -> list[str | PromptError]:
         """Prompts as they are; chats through the template in one call (one by one if it rejects any)."""
@@ -105,10 +111,12 @@ class PromptEncoder:
 
     def _encode_texts(self, texts: list[str], add_special_tokens: bool) -> list[list[int]]:
         """Straight through the Rust tokenizer where there is one: its Python wrapper costs more than
-        the encoding of a short prompt."""
+        the encoding of a short prompt. A rendered chat has its special tokens: those go by pieces."""
         with self._lock:
-            if not self.tokenizer.is_fast:
+            if self._chats is None:
                 return [self.tokenizer.encode(text, add_special_tokens=add_special_tokens) for text in texts]
+            if not add_special_tokens:
+                return self._chats.encode(texts)
             encodings = self.tokenizer.backend_tokenizer.encode_batch_fast(
                 texts, add_special_tokens=add_special_tokens
             )

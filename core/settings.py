@@ -27,6 +27,7 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = 8000
     api_workers: int = 1  # API processes sharing the port; each is one core's worth of submissions
+    batch_processes: int = 0  # processes (per API process) checking a batch file's lines; 0: its own thread
     max_wait_seconds: float = 60.0  # the longest ``Prefer: wait=N`` honoured
     keep_jobs_of_disconnected_clients: bool = False  # an OpenAI-style request whose client left: keep it
 
