@@ -1,8 +1,8 @@
 """What the job service adds on top of the engine, through real processes, Postgres and Redis.
 
     python bench/service_overhead.py [--model DIR] [--seconds 10] [--concurrency 64] [--api-workers 2]
-        [--latency-jobs 200] [--batch-lines 50000] [--batch-e2e [--batch-docs 1000]] [--stream-requests 20]
-        [--rounds 2]
+        [--batch-processes 2] [--latency-jobs 200] [--batch-lines 50000] [--batch-e2e [--batch-docs 1000]]
+        [--stream-requests 20] [--rounds 2]
 
 Needs wrk (Debian: apt-get install wrk), PostgreSQL and Redis as the tests use them.
 1. Accepted jobs/s: ``pagedq api`` (``--api-workers`` uvicorn processes, default 2: one per core)
@@ -15,7 +15,8 @@ Needs wrk (Debian: apt-get install wrk), PostgreSQL and Redis as the tests use t
    ``LLMEngine`` directly (add_request → first scheduled).
 3. Batch accept: a ``--batch-lines`` chat batch file (50,000 lines) through ``POST /v1/files`` and
    ``POST /v1/batches`` while no worker runs: lines/s until the batch is ``in_progress`` (every line
-   checked, tokenized, and committed as a job), then how fast its messages are published in the background.
+   checked, tokenized, and committed as a job; ``--batch-processes`` processes check the lines, default
+   2), then how fast its messages are published in the background.
 4. With ``--batch-e2e``: a ``--batch-docs`` document batch (chat, greedy, ``--batch-max-tokens`` each)
    run by one worker, from upload to ``completed``, against ``LLM.chat`` on the same prompts with the
    worker's engine settings: output tokens/s of each.
@@ -65,7 +66,7 @@ TARGET_ADDED_TTFT_MS, TARGET_ADDED_ITL_MS = 30.0, 2.0
 DOCUMENT = "The committee met on Tuesday to review the budget, the hiring plan and the new office lease."
 
 
-def fresh_settings(model: str, api_workers: int) -> Settings:
+def fresh_settings(model: str, api_workers: int, batch_processes: int) -> Settings:
     with psycopg.connect(ADMIN_URL, autocommit=True) as admin:
         admin.execute(f"DROP DATABASE IF EXISTS {DATABASE} WITH (FORCE)")
         admin.execute(f"CREATE DATABASE {DATABASE}")
@@ -79,6 +80,7 @@ def fresh_settings(model: str, api_workers: int) -> Settings:
         model=model,
         port=port,
         api_workers=api_workers,
+        batch_processes=batch_processes,
     )
     upgrade(settings)
     redis.Redis.from_url(settings.resolved_broker_url).flushdb()
@@ -307,6 +309,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=int, default=10, help="length of each wrk run")
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--api-workers", type=int, default=2, help="API processes (PAGEDQ_API_WORKERS)")
+    parser.add_argument(
+        "--batch-processes", type=int, default=2, help="batch-checking processes (PAGEDQ_BATCH_PROCESSES)"
+    )
     parser.add_argument("--latency-jobs", type=int, default=200)
     parser.add_argument("--batch-lines", type=int, default=50_000, help="lines of the batch-accept file")
     parser.add_argument("--batch-e2e", action="store_true", help="also run a batch end to end vs LLM.chat")
@@ -317,7 +322,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="alternations of service and engine runs")
     args = parser.parse_args()
 
-    settings = fresh_settings(args.model, args.api_workers)
+    settings = fresh_settings(args.model, args.api_workers, args.batch_processes)
     url = f"http://127.0.0.1:{settings.port}"
     logs = Path(tempfile.mkdtemp(prefix="pagedq-bench-"))
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; logs in {logs}")
