@@ -7,16 +7,19 @@ That is Python and tokenizer work, a fifth of a millisecond a line on a slow cor
 own tokenizer, while this one writes the checked lines into the database as they come back.
 """
 
+import logging
 import multiprocessing
 import os
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from api.batch_lines import LineError, read_lines
 from api.prompts import ContextExceeded, PromptEncoder, PromptError
 
+logger = logging.getLogger(__name__)
 SLICE_LINES = 2048
 
 
@@ -69,37 +72,44 @@ class BatchChecker:
         self, encoder: PromptEncoder, model_dir: Path, max_model_len: int | None, processes: int
     ) -> None:
         self.encoder = encoder
-        self._pool = None
-        if processes > 0:
-            self._pool = ProcessPoolExecutor(
-                processes,
-                mp_context=multiprocessing.get_context("spawn"),  # this process has threads: never fork it
-                initializer=_load_encoder,
-                initargs=(model_dir, max_model_len),
-            )
-            for _ in range(processes):  # start them now: a process takes seconds to load its tokenizer
-                self._pool.submit(_ready)
+        self._pool_args = (processes, model_dir, max_model_len)
+        self._pool = _start_pool(*self._pool_args) if processes > 0 else None
 
     def check(self, content: bytes, endpoint: str, served_model: str) -> Iterator[CheckedLine]:
         """The file's lines, checked, in order, as their slices are done; raises ``BadLines`` (every bad
         line, by number) after the last slice if any line is bad, and yields no line after the first bad
-        one (the caller's writes will be rolled back)."""
+        one (the caller's writes will be rolled back). A pool process that dies fails this check with
+        ``BrokenProcessPool`` and is replaced with a new pool for the next."""
         raw_lines = content.splitlines()
         slices = (
             Slice(raw_lines[start : start + SLICE_LINES], start + 1, endpoint, served_model)
             for start in range(0, len(raw_lines), SLICE_LINES)
         )
         if self._pool is None:
-            results: Iterable[tuple[list[CheckedLine], list[LineError]]] = (
-                check_slice(self.encoder, task) for task in slices
-            )
-        else:
-            results = self._pool.map(_check_slice_here, slices)
-        return _unique(results)
+            yield from _unique(check_slice(self.encoder, task) for task in slices)
+            return
+        try:
+            yield from _unique(self._pool.map(_check_slice_here, slices))
+        except BrokenProcessPool:
+            logger.error("a batch-checking process died; starting a new pool")
+            self._pool = _start_pool(*self._pool_args)
+            raise
 
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(cancel_futures=True)
+
+
+def _start_pool(processes: int, model_dir: Path, max_model_len: int | None) -> ProcessPoolExecutor:
+    pool = ProcessPoolExecutor(
+        processes,
+        mp_context=multiprocessing.get_context("spawn"),  # this process has threads: never fork it
+        initializer=_load_encoder,
+        initargs=(model_dir, max_model_len),
+    )
+    for _ in range(processes):  # start them now: a process takes seconds to load its tokenizer
+        pool.submit(_ready)
+    return pool
 
 
 def _unique(results: Iterable[tuple[list[CheckedLine], list[LineError]]]) -> Iterator[CheckedLine]:

@@ -10,6 +10,7 @@ import logging
 import os
 import time
 from collections.abc import Iterable, Iterator
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 from fastapi import HTTPException
@@ -56,6 +57,8 @@ def create(service: Service, request: BatchIn) -> BatchOut:
         _start(service, batch, lines)
     except BadLines as bad:
         _fail(service, batch, bad.errors)
+    except BrokenProcessPool:
+        raise HTTPException(503, "a process checking the file's lines died; retry the request") from None
     logger.info(
         "batch created",
         extra={

@@ -1,7 +1,11 @@
 """A batch file's lines checked a slice at a time, here or in a process pool; chats tokenized by pieces."""
 
 import json
+import multiprocessing
+import os
+import signal
 from collections.abc import Iterator
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any
 
@@ -101,6 +105,24 @@ def test_lines_before_a_later_slices_bad_line_are_given_and_the_end_still_fails(
 def test_a_file_without_lines_is_refused(in_pool):
     checked, bad = check(in_pool, [b"", b"  "])
     assert checked == [] and bad is not None and [e.code for e in bad.errors] == ["empty_file"]
+
+
+def test_a_dead_pool_process_fails_one_check_and_the_next_check_gets_a_new_pool(encoder, tiny_llama):
+    raw_lines = [line(i) for i in range(3)]
+    before = {child.pid for child in multiprocessing.active_children()}
+    checker = BatchChecker(encoder, tiny_llama, None, processes=1)
+    try:
+        assert len(check(checker, raw_lines)[0]) == 3
+        [process] = [child for child in multiprocessing.active_children() if child.pid not in before]
+        os.kill(process.pid, signal.SIGKILL)
+        process.join()
+
+        with pytest.raises(BrokenProcessPool):
+            check(checker, raw_lines)
+        checked, bad = check(checker, raw_lines)
+        assert bad is None and [c.custom_id for c in checked] == ["doc-0", "doc-1", "doc-2"]
+    finally:
+        checker.close()
 
 
 TRICKY = [
