@@ -334,6 +334,7 @@ def main() -> None:
     api = start("api", settings, logs / "api.log")
     try:
         wait_ready(url)
+        wait_quiet(60)  # the API's batch-checking processes load their tokenizers after it is ready
         health = hammer(url, args.seconds, args.concurrency, post_jobs=False, logs=logs)
         accepted = hammer(url, args.seconds, args.concurrency, post_jobs=True, logs=logs)
         drop_queued(settings)
