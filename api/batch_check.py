@@ -113,6 +113,7 @@ def _start_pool(processes: int, model_dir: Path, max_model_len: int | None) -> P
 
 
 def _unique(results: Iterable[tuple[list[CheckedLine], list[LineError]]]) -> Iterator[CheckedLine]:
+    """The slices' good lines while no line is bad, each custom_id once; then ``BadLines`` if any was."""
     first_use: dict[str, int] = {}
     errors: list[LineError] = []
     for lines, slice_errors in results:

@@ -113,7 +113,7 @@ class PromptEncoder:
         """Straight through the Rust tokenizer where there is one: its Python wrapper costs more than
         the encoding of a short prompt. A rendered chat has its special tokens: those go by pieces."""
         with self._lock:
-            if self._chats is None:
+            if self._chats is None:  # a slow (Python) tokenizer
                 return [self.tokenizer.encode(text, add_special_tokens=add_special_tokens) for text in texts]
             if not add_special_tokens:
                 return self._chats.encode(texts)
