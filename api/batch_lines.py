@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
 from pydantic import ValidationError
-from pydantic_core import ErrorDetails
+from pydantic_core import ErrorDetails, from_json
 
 from core.spec import JobSpec
 
@@ -96,14 +96,23 @@ def _error(code: str, message: str, param: str | None = None) -> LineError:
 
 def _json_object(raw: bytes) -> dict[str, Any]:
     try:
-        value = json.loads(raw)
+        value = from_json(raw)  # several times faster than json.loads on a request line
+    except ValueError:
+        value = _json_error(raw)
+    if not isinstance(value, dict):
+        raise _error("invalid_json_line", f"expected a JSON object, got {type(value).__name__}")
+    return value
+
+
+def _json_error(raw: bytes) -> Any:
+    """The error ``json.loads`` gives for a line ``from_json`` rejected (its messages are the familiar
+    ones); a line only ``from_json`` rejects is read as ``json.loads`` reads it."""
+    try:
+        return json.loads(raw)
     except json.JSONDecodeError as error:
         raise _error("invalid_json_line", f"not valid JSON: {error.msg} at column {error.colno}") from None
     except UnicodeDecodeError:
         raise _error("invalid_json_line", "not valid UTF-8") from None
-    if not isinstance(value, dict):
-        raise _error("invalid_json_line", f"expected a JSON object, got {type(value).__name__}")
-    return value
 
 
 def _envelope(request: dict[str, Any], endpoint: str) -> dict[str, Any]:

@@ -126,16 +126,13 @@ def _start(service: Service, batch: Batch, lines: Iterable[CheckedLine]) -> None
     with service.sessions.begin() as session:
         session.add(batch)
         session.flush()
-        insert_jobs(session, _job_rows(batch, prefix, lines, ids))
+        insert_jobs(session, _shared_by_jobs(batch), _job_rows(prefix, lines, ids))
         batch.total = len(ids)
     service.bulk_publisher.publish(ids, batch.priority)
 
 
-def _job_rows(
-    batch: Batch, prefix: str, lines: Iterable[CheckedLine], ids: list[str]
-) -> Iterator[dict[str, Any]]:
-    """One job per line, made as the insert takes them; their ids are appended to ``ids``."""
-    common = {
+def _shared_by_jobs(batch: Batch) -> dict[str, Any]:
+    return {
         "status": JobStatus.QUEUED.value,
         "model": batch.model,
         "priority": batch.priority,
@@ -144,6 +141,10 @@ def _job_rows(
         "queued_at": batch.created_at,
         "published_at": batch.created_at,
     } | FRESH
+
+
+def _job_rows(prefix: str, lines: Iterable[CheckedLine], ids: list[str]) -> Iterator[dict[str, Any]]:
+    """One job per line, made as the insert takes them; their ids are appended to ``ids``."""
     for line in lines:
         ids.append(job_id := f"{prefix}{line.number:012x}")
         yield {
@@ -155,7 +156,6 @@ def _job_rows(
             "params": line.params,
             "meta": line.meta,
             "custom_id": line.custom_id,
-            **common,
         }
 
 
