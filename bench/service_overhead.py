@@ -2,7 +2,7 @@
 
     python bench/service_overhead.py [--model DIR] [--seconds 10] [--concurrency 64] [--api-workers 2]
         [--batch-processes 2] [--latency-jobs 200] [--batch-lines 50000] [--batch-e2e [--batch-docs 1000]]
-        [--stream-requests 20] [--rounds 2]
+        [--stream-requests 30] [--rounds 2]
 
 Needs wrk (Debian: apt-get install wrk), PostgreSQL and Redis as the tests use them.
 1. Accepted jobs/s: ``pagedq api`` (``--api-workers`` uvicorn processes, default 2: one per core)
@@ -24,8 +24,8 @@ Needs wrk (Debian: apt-get install wrk), PostgreSQL and Redis as the tests use t
    time to first token and mean inter-token latency as the client sees them, against the same requests
    through ``LLMEngine`` directly.
 The engine baselines run in the bench process, with the worker's engine settings, while the service is
-idle; parts 4 and 5 alternate service and engine runs over ``--rounds`` rounds, as this machine's speed
-drifts over minutes.
+idle. This machine's speed drifts over minutes, so part 4 alternates service and engine over ``--rounds``
+rounds, and part 5 request by request: its added latencies are medians of each pair's difference.
 Targets (2-core machine): >= 500 accepted jobs/s, p50 queue-to-engine latency < 50 ms, >= 5,000 batch
 lines accepted/s, batch end to end >= 80% of LLM.chat, streaming adds <= 30 ms to TTFT and <= 2 ms per
 token.
@@ -156,56 +156,59 @@ def story_messages(i: int) -> list[dict[str, str]]:
     return [{"role": "user", "content": f"Tell me a story about the number {i}."}]
 
 
-def streamed_latencies(url: str, model: str, n: int, max_tokens: int) -> tuple[list[float], list[float]]:
-    """Time to first token and mean inter-token latency (ms) of streamed chat completions, as a client
-    sees them through the whole path (API → queue → worker → Redis stream → API → client)."""
+def streamed_once(client: httpx.Client, model: str, i: int, max_tokens: int) -> tuple[float, float]:
+    """Time to first token and mean inter-token latency (ms) of one streamed chat completion, as a
+    client sees it through the whole path (API → queue → worker → Redis stream → API → client)."""
     body = {
         "model": model,
+        "messages": story_messages(i),
         "max_tokens": max_tokens,
         "temperature": 0,
         "ignore_eos": True,
         "stream": True,
         "stream_options": {"include_usage": True},
     }
-    ttft, itl = [], []
-    with httpx.Client(base_url=url, timeout=120) as client:
-        for i in range(n + 2):  # two to warm up
-            start, first, last, tokens = time.perf_counter(), None, None, 0
-            with client.stream(
-                "POST", "/v1/chat/completions", json=body | {"messages": story_messages(i)}
-            ) as r:
-                for line in r.iter_lines():
-                    if not line.startswith("data: {"):
-                        continue
-                    chunk = json.loads(line.removeprefix("data: "))
-                    if chunk.get("usage"):
-                        tokens = chunk["usage"]["completion_tokens"]
-                    elif chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
-                        last = time.perf_counter()
-                        first = first or last
-            if i >= 2 and first is not None and last is not None and tokens > 1:
-                ttft.append((first - start) * 1000)
-                itl.append((last - first) * 1000 / (tokens - 1))
-    return ttft, itl
+    start, first, last, tokens = time.perf_counter(), None, None, 0
+    with client.stream("POST", "/v1/chat/completions", json=body) as r:
+        for line in r.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            chunk = json.loads(line.removeprefix("data: "))
+            if chunk.get("usage"):
+                tokens = chunk["usage"]["completion_tokens"]
+            elif chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
+                last = time.perf_counter()
+                first = first or last
+    if first is None or last is None or tokens < 2:
+        raise SystemExit(f"streamed request {i} produced {tokens} tokens")
+    return (first - start) * 1000, (last - first) * 1000 / (tokens - 1)
 
 
-def engine_stream_latencies(llm: LLM, n: int, max_tokens: int) -> tuple[list[float], list[float]]:
-    """The same requests through ``LLMEngine`` directly, timed as the client times them: from
+def engine_once(llm: LLM, i: int, max_tokens: int) -> tuple[float, float]:
+    """The same request through ``LLMEngine`` directly, timed as the client times it: from
     add_request to the first step that hands out text, and the mean gap per token after it."""
     params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
-    ttft, itl = [], []
-    for i in range(n + 2):
-        start, first, last = time.perf_counter(), None, None
-        llm.engine.add_request(f"{time.time()}-{i}", llm.chat_prompt(story_messages(i)), params)
-        while llm.engine.has_unfinished_requests():
-            for out in llm.engine.step():
-                if out.outputs[0].text:
-                    last = time.perf_counter()
-                    first = first or last
-        if i >= 2 and first is not None and last is not None:
-            ttft.append((first - start) * 1000)
-            itl.append((last - first) * 1000 / (max_tokens - 1))
-    return ttft, itl
+    start, first, last = time.perf_counter(), None, None
+    llm.engine.add_request(f"{time.time()}-{i}", llm.chat_prompt(story_messages(i)), params)
+    while llm.engine.has_unfinished_requests():
+        for out in llm.engine.step():
+            if out.outputs[0].text:
+                last = time.perf_counter()
+                first = first or last
+    assert first is not None and last is not None
+    return (first - start) * 1000, (last - first) * 1000 / (max_tokens - 1)
+
+
+def stream_pairs(url: str, model: str, llm: LLM, n: int, max_tokens: int) -> list[tuple[float, ...]]:
+    """``n`` pairs (path TTFT, path ITL, engine TTFT, engine ITL), the same request each way, one right
+    after the other: this machine's speed drifts by more than the targets within minutes, and a pair
+    sees the same drift on both sides. Two pairs first, untimed, to warm both."""
+    with httpx.Client(base_url=url, timeout=120) as client:
+        pairs = [
+            streamed_once(client, model, i, max_tokens) + engine_once(llm, i, max_tokens)
+            for i in range(n + 2)
+        ]
+    return pairs[2:]
 
 
 def batch_file(lines: int, max_tokens: int) -> bytes:
@@ -317,7 +320,7 @@ def main() -> None:
     parser.add_argument("--batch-e2e", action="store_true", help="also run a batch end to end vs LLM.chat")
     parser.add_argument("--batch-docs", type=int, default=1000)
     parser.add_argument("--batch-max-tokens", type=int, default=32)
-    parser.add_argument("--stream-requests", type=int, default=20, help="streamed chat completions timed")
+    parser.add_argument("--stream-requests", type=int, default=30, help="streamed chat completions timed")
     parser.add_argument("--stream-tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=2, help="alternations of service and engine runs")
     args = parser.parse_args()
@@ -348,18 +351,13 @@ def main() -> None:
         try:
             latencies = queue_latencies(url, args.latency_jobs)
             direct = engine_latencies(llm, args.latency_jobs)
-            # Path and engine alternate, round by round: this machine's speed drifts by minutes.
-            stream_ttft, stream_itl, engine_ttft, engine_itl = [], [], [], []
+            model = settings.served_model_name
+            pairs = stream_pairs(url, model, llm, args.stream_requests, args.stream_tokens)
+            # Service and engine alternate round by round: this machine's speed drifts by minutes.
             batch_tps, generate_tps = [], []
-            per_round = max(1, args.stream_requests // args.rounds)
-            for _ in range(args.rounds):
-                ttft, itl = streamed_latencies(url, settings.served_model_name, per_round, args.stream_tokens)
-                stream_ttft, stream_itl = stream_ttft + ttft, stream_itl + itl
-                ttft, itl = engine_stream_latencies(llm, per_round, args.stream_tokens)
-                engine_ttft, engine_itl = engine_ttft + ttft, engine_itl + itl
-                if args.batch_e2e:
-                    batch_tps.append(batch_end_to_end(url, args.batch_docs, args.batch_max_tokens))
-                    generate_tps.append(generate_directly(llm, args.batch_docs, args.batch_max_tokens))
+            for _ in range(args.rounds if args.batch_e2e else 0):
+                batch_tps.append(batch_end_to_end(url, args.batch_docs, args.batch_max_tokens))
+                generate_tps.append(generate_directly(llm, args.batch_docs, args.batch_max_tokens))
         finally:
             worker.terminate()
             worker.wait(60)
@@ -405,13 +403,15 @@ def main() -> None:
         )
         ok = ratio >= TARGET_BATCH_VS_GENERATE
         print(f"  target >= {TARGET_BATCH_VS_GENERATE:.0%} of LLM.chat: {'PASS' if ok else 'MISS'}")
-    added_ttft = statistics.median(stream_ttft) - statistics.median(engine_ttft)
-    added_itl = statistics.median(stream_itl) - statistics.median(engine_itl)
+    medians = [statistics.median(column) for column in zip(*pairs, strict=True)]
+    path_ttft, path_itl, engine_ttft, engine_itl = medians
+    added_ttft = statistics.median(p[0] - p[2] for p in pairs)
+    added_itl = statistics.median(p[1] - p[3] for p in pairs)
     print(
-        f"streamed chat completion, {args.stream_requests} x {args.stream_tokens} tokens, medians: "
-        f"TTFT {statistics.median(stream_ttft):.1f} ms vs engine {statistics.median(engine_ttft):.1f} ms "
-        f"(+{added_ttft:.1f} ms); ITL {statistics.median(stream_itl):.2f} ms vs engine "
-        f"{statistics.median(engine_itl):.2f} ms (+{added_itl:.2f} ms)"
+        f"streamed chat completion, {args.stream_requests} pairs x {args.stream_tokens} tokens, medians: "
+        f"TTFT {path_ttft:.1f} ms vs engine {engine_ttft:.1f} ms; ITL {path_itl:.2f} ms vs engine "
+        f"{engine_itl:.2f} ms; added (median of the pairs' differences): TTFT {added_ttft:+.1f} ms, "
+        f"ITL {added_itl:+.2f} ms"
     )
     print(
         f"  targets: added TTFT <= {TARGET_ADDED_TTFT_MS:.0f} ms: "
