@@ -98,15 +98,15 @@ def _json_object(raw: bytes) -> dict[str, Any]:
     try:
         value = from_json(raw)  # several times faster than json.loads on a request line
     except ValueError:
-        value = _json_error(raw)
+        value = _loads_or_explain(raw)
     if not isinstance(value, dict):
         raise _error("invalid_json_line", f"expected a JSON object, got {type(value).__name__}")
     return value
 
 
-def _json_error(raw: bytes) -> Any:
-    """The error ``json.loads`` gives for a line ``from_json`` rejected (its messages are the familiar
-    ones); a line only ``from_json`` rejects is read as ``json.loads`` reads it."""
+def _loads_or_explain(raw: bytes) -> Any:
+    """A line ``from_json`` rejected, through ``json.loads``: its error, whose messages are the familiar
+    ones, or the value where only ``from_json`` is stricter (a lone surrogate escape, UTF-16)."""
     try:
         return json.loads(raw)
     except json.JSONDecodeError as error:

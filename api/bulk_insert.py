@@ -14,7 +14,7 @@ from datetime import datetime
 from typing import Any
 
 from pydantic_core import to_json
-from sqlalchemy import JSON, insert
+from sqlalchemy import JSON, Column, insert
 from sqlalchemy.orm import Session
 
 from core.models import Job
@@ -35,7 +35,7 @@ def insert_jobs(session: Session, shared: dict[str, Any], rows: Iterable[dict[st
         return
     own_json = _is_json(first)
     tail = "\t" + _copy_fields(shared.values(), _is_json(shared)) + "\n"  # made once for every row
-    names = ", ".join(Job.__mapper__.attrs[name].columns[0].name for name in [*first, *shared])  # type: ignore[attr-defined]
+    names = ", ".join(_column(name).name for name in [*first, *shared])
     cursor = connection.connection.driver_connection.cursor()  # type: ignore[union-attr]
     with cursor, cursor.copy(f"COPY {Job.__tablename__} ({names}) FROM STDIN") as copy:
         for chunk in _chunks(itertools.chain([first], rows), COPY_CHUNK_ROWS):
@@ -47,8 +47,12 @@ def _copy_fields(values: Iterable[Any], as_json: list[bool]) -> str:
     return "\t".join(_field(value, is_json) for value, is_json in zip(values, as_json, strict=True))
 
 
+def _column(attribute: str) -> Column[Any]:
+    return Job.__mapper__.attrs[attribute].columns[0]  # type: ignore[attr-defined,no-any-return]
+
+
 def _is_json(row: dict[str, Any]) -> list[bool]:
-    return [isinstance(Job.__mapper__.attrs[name].columns[0].type, JSON) for name in row]  # type: ignore[attr-defined]
+    return [isinstance(_column(name).type, JSON) for name in row]
 
 
 def _field(value: Any, is_json: bool) -> str:

@@ -320,9 +320,16 @@ def main() -> None:
     parser.add_argument("--batch-e2e", action="store_true", help="also run a batch end to end vs LLM.chat")
     parser.add_argument("--batch-docs", type=int, default=1000)
     parser.add_argument("--batch-max-tokens", type=int, default=32)
-    parser.add_argument("--stream-requests", type=int, default=30, help="streamed chat completions timed")
+    parser.add_argument(
+        "--stream-requests",
+        type=int,
+        default=30,
+        help="streamed chat completions timed, each paired with the engine",
+    )
     parser.add_argument("--stream-tokens", type=int, default=64)
-    parser.add_argument("--rounds", type=int, default=2, help="alternations of service and engine runs")
+    parser.add_argument(
+        "--rounds", type=int, default=2, help="alternations of batch and LLM.chat runs (--batch-e2e)"
+    )
     args = parser.parse_args()
 
     settings = fresh_settings(args.model, args.api_workers, args.batch_processes)
