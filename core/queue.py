@@ -97,7 +97,7 @@ def publish_jobs(app: Celery, job_ids: list[str], queue: str, priority: int) -> 
 
 def queue_depth(app: Celery, queue: str) -> int:
     """Messages waiting in the broker for ``queue`` (not those a worker already holds)."""
-    with app.connection_for_read() as conn:
+    with app.pool.acquire(block=True) as conn:  # a pooled connection: this runs every reconcile round
         try:
             return int(conn.default_channel.queue_declare(queue=queue, passive=True).message_count)
         except conn.channel_errors:

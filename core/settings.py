@@ -54,8 +54,9 @@ class Settings(BaseSettings):
 
     # The worker's reliability loop.
     worker_concurrency: int | None = None  # jobs held at once; default: max_num_seqs
-    flush_interval: float = 0.8  # partial output, heartbeats and cancellations: under a second apart
+    flush_interval: float = 0.8  # partial output and cancellations: under a second apart
     heartbeat_timeout: float = 30.0  # a worker silent this long is dead; its jobs are requeued
+    heartbeat_interval: float | None = None  # default: heartbeat_timeout / 6; also the worker gauges' age
     requeue_after: float = 30.0  # a queued job this old with an empty broker queue is republished
     reconcile_interval: float = 5.0
     shutdown_grace: float = 30.0  # on SIGTERM, running jobs get this long before they are requeued
@@ -81,3 +82,7 @@ class Settings(BaseSettings):
     @property
     def jobs_held_per_worker(self) -> int:
         return self.worker_concurrency or self.max_num_seqs
+
+    @property
+    def heartbeat_period(self) -> float:
+        return self.heartbeat_interval or self.heartbeat_timeout / 6

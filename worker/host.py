@@ -74,6 +74,7 @@ class EngineHost:
         publish: Publish,
         worker_id: str,
         flush_interval: float,
+        heartbeat_interval: float,
         streamer: TokenStreamer | None = None,
     ) -> None:
         self.build_engine, self.store, self.publish = build_engine, store, publish
@@ -81,6 +82,7 @@ class EngineHost:
         self.engine_ready = threading.Event()
         self.engine_error: BaseException | None = None
         self.worker_id, self.flush_interval = worker_id, flush_interval
+        self.heartbeat_interval = max(heartbeat_interval, flush_interval)
         self.streamer = streamer
         self.flights: dict[str, Flight] = {}
         self.lock = threading.Lock()
@@ -256,7 +258,7 @@ class EngineHost:
                 self._poll_cancellations()
                 self._enforce_drain_deadline()
                 now, tokens = time.monotonic(), self.stats.get("num_generated_tokens", 0.0)
-                if now - last_time >= self.flush_interval:
+                if now - last_time >= self.heartbeat_interval:
                     rate = (tokens - last_tokens) / (now - last_time)
                     self.store.heartbeat(self.worker_id, self._stats() | {"tokens_per_s": rate})
                     last_tokens, last_time = tokens, now

@@ -66,7 +66,13 @@ def run_worker(settings: Settings) -> None:
     url = streams_url(settings)
     streamer = TokenStreamer(url) if url else None
     host = EngineHost(
-        lambda: build_engine(settings), store, publish, worker_id, settings.flush_interval, streamer
+        lambda: build_engine(settings),
+        store,
+        publish,
+        worker_id,
+        settings.flush_interval,
+        settings.heartbeat_period,
+        streamer,
     )
     register_run_job(app, host)
     reconciler = Reconciler(
