@@ -3,6 +3,7 @@
 from pathlib import Path
 from typing import Literal
 
+from pydantic import model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -86,3 +87,12 @@ class Settings(BaseSettings):
     @property
     def heartbeat_period(self) -> float:
         return self.heartbeat_interval or self.heartbeat_timeout / 6
+
+    @model_validator(mode="after")
+    def _heartbeats_within_the_timeout(self) -> "Settings":
+        if self.heartbeat_period >= self.heartbeat_timeout:
+            raise ValueError(
+                f"PAGEDQ_HEARTBEAT_INTERVAL ({self.heartbeat_period:g} s) must be shorter than "
+                f"PAGEDQ_HEARTBEAT_TIMEOUT ({self.heartbeat_timeout:g} s): workers would look dead"
+            )
+        return self

@@ -150,3 +150,14 @@ def test_a_beam_search_job_returns_every_beam_best_first(service_settings, db, w
     assert [c["text"] for c in body["choices"]] == [storable(o.text) for o in want.outputs]
     assert body["output"] == body["choices"][0]["text"] and len(body["choices"]) == 3
     assert body["usage"]["completion_tokens"] == sum(len(o.token_ids) for o in want.outputs)
+
+
+def test_heartbeat_period_follows_the_timeout_unless_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PAGEDQ_HEARTBEAT_INTERVAL", raising=False)
+    monkeypatch.setenv("PAGEDQ_HEARTBEAT_TIMEOUT", "12")
+    assert Settings().heartbeat_period == 2.0  # six heartbeats per timeout: one lost is no death
+    monkeypatch.setenv("PAGEDQ_HEARTBEAT_INTERVAL", "0.5")
+    assert Settings().heartbeat_period == 0.5
+    monkeypatch.setenv("PAGEDQ_HEARTBEAT_INTERVAL", "12")
+    with pytest.raises(ValueError, match="must be shorter than PAGEDQ_HEARTBEAT_TIMEOUT"):
+        Settings()
