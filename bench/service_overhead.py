@@ -359,7 +359,7 @@ def main() -> None:
             latencies = queue_latencies(url, args.latency_jobs)
             direct = engine_latencies(llm, args.latency_jobs)
             model = settings.served_model_name
-            # The batch parts leave work behind (finalizing the 50,000-job batch, autovacuum).
+            # Earlier parts may leave work behind (the worker finalizes the 50,000-job batch).
             stream_busy = wait_quiet(180)
             pairs = stream_pairs(url, model, llm, args.stream_requests, args.stream_tokens)
             # Service and engine alternate round by round: this machine's speed drifts by minutes.

@@ -82,7 +82,7 @@ class EngineHost:
         self.engine_ready = threading.Event()
         self.engine_error: BaseException | None = None
         self.worker_id, self.flush_interval = worker_id, flush_interval
-        self.heartbeat_interval = max(heartbeat_interval, flush_interval)
+        self.heartbeat_interval = heartbeat_interval  # checked at each flush
         self.streamer = streamer
         self.flights: dict[str, Flight] = {}
         self.lock = threading.Lock()
