@@ -9,7 +9,12 @@ from torch import nn
 
 from kernels import AttentionMetadata, add_rms_norm, paged_attention, rms_norm, silu_and_mul, write_kv
 from worker.engine.model.model_config import ModelConfig
-from worker.engine.model.rotary import RotaryEmbedding
+from worker.engine.model.rotary import RotaryEmbedding, Rotation
+
+# Prefills run the MLP 1024 tokens at a time: on CPU its [tokens, 2 x intermediate] temporaries then
+# stay cache-sized and below malloc's mmap threshold instead of page-faulting fresh on every layer
+# (a 4096-token SmolLM2 prefill step: 8.2 -> 5.4 s). Decode batches are never split.
+MLP_CHUNK_TOKENS = 1024
 
 KVCache = tuple[torch.Tensor, torch.Tensor]  # one layer's (keys, values) block pool
 
@@ -33,7 +38,7 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, config: ModelConfig, rotary: RotaryEmbedding) -> None:
+    def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = (
             config.num_heads,
@@ -43,17 +48,15 @@ class Attention(nn.Module):
         self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.qkv_bias)
         self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
-        self.rotary = rotary
         self.scale = self.head_dim**-0.5
 
     def forward(
-        self, x: torch.Tensor, positions: torch.Tensor, kv_cache: KVCache, meta: AttentionMetadata
+        self, x: torch.Tensor, rotation: Rotation, kv_cache: KVCache, meta: AttentionMetadata
     ) -> torch.Tensor:
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(-1, self.num_heads, self.head_dim)
-        k = k.view(-1, self.num_kv_heads, self.head_dim)
+        qk, v = self.qkv_proj(x).split([self.q_size + self.kv_size, self.kv_size], dim=-1)
+        qk = rotation.apply(qk.view(-1, self.num_heads + self.num_kv_heads, self.head_dim))
+        q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
-        q, k = self.rotary(positions, q, k)
         write_kv(k, v, kv_cache[0], kv_cache[1], meta.slot_mapping)
         out = paged_attention(q, kv_cache[0], kv_cache[1], meta, self.scale)
         return self.o_proj(out.reshape(-1, self.q_size))
@@ -66,21 +69,23 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+        if x.shape[0] <= MLP_CHUNK_TOKENS:
+            return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+        return torch.cat([self(part) for part in x.split(MLP_CHUNK_TOKENS)])
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, rotary: RotaryEmbedding) -> None:
+    def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = Attention(config, rotary)
+        self.self_attn = Attention(config)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
 
     def forward(
-        self, x: torch.Tensor, positions: torch.Tensor, kv_cache: KVCache, meta: AttentionMetadata
+        self, x: torch.Tensor, rotation: Rotation, kv_cache: KVCache, meta: AttentionMetadata
     ) -> torch.Tensor:
-        attn = self.self_attn(self.input_layernorm(x), positions, kv_cache, meta)
+        attn = self.self_attn(self.input_layernorm(x), rotation, kv_cache, meta)
         h, x = self.post_attention_layernorm.add_forward(attn, x)
         return x + self.mlp(h)
 
@@ -89,9 +94,9 @@ class LlamaForCausalLM(nn.Module):
     def __init__(self, config: ModelConfig, max_positions: int, dtype: torch.dtype) -> None:
         super().__init__()
         self.config = config
-        rotary = RotaryEmbedding(config.hf_config, config.head_dim, max_positions, dtype)
+        self.rotary = RotaryEmbedding(config.hf_config, config.head_dim, max_positions, dtype)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config, rotary) for _ in range(config.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
@@ -105,9 +110,9 @@ class LlamaForCausalLM(nn.Module):
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         """Hidden states of every new token, [T, hidden] (before the final norm)."""
-        x = self.embed_tokens(input_ids)
+        x, rotation = self.embed_tokens(input_ids), self.rotary(positions)
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            x = layer(x, positions, kv_cache, meta)
+            x = layer(x, rotation, kv_cache, meta)
         return x
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

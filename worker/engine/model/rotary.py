@@ -1,5 +1,7 @@
 """Rotary position embeddings, with every RoPE scaling scheme transformers knows (llama3, linear, ...)."""
 
+from typing import NamedTuple
+
 import torch
 from transformers import PretrainedConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
@@ -17,7 +19,11 @@ def inverse_frequencies(config: PretrainedConfig, head_dim: int) -> tuple[torch.
 
 
 class RotaryEmbedding(torch.nn.Module):
-    """Precomputed cos/sin for every position, looked up by each token's position."""
+    """Precomputed cos/sin for every position, looked up once per step by each token's position.
+
+    ``sin`` is stored as ``[-sin | sin]`` so that ``rotate_half(x) * sin`` becomes ``x.roll(D/2) * sin``:
+    the same products as Hugging Face's, in three ops instead of five.
+    """
 
     def __init__(
         self, config: PretrainedConfig, head_dim: int, max_positions: int, dtype: torch.dtype
@@ -25,19 +31,20 @@ class RotaryEmbedding(torch.nn.Module):
         super().__init__()
         inv_freq, scaling = inverse_frequencies(config, head_dim)
         angles = torch.outer(torch.arange(max_positions, dtype=torch.float, device="cpu"), inv_freq)
-        angles = torch.cat([angles, angles], dim=-1)
-        self.register_buffer("cos", (angles.cos() * scaling).to(dtype), persistent=False)
-        self.register_buffer("sin", (angles.sin() * scaling).to(dtype), persistent=False)
+        cos, sin = angles.cos() * scaling, angles.sin() * scaling
+        self.register_buffer("cos", torch.cat([cos, cos], dim=-1).to(dtype), persistent=False)
+        self.register_buffer("signed_sin", torch.cat([-sin, sin], dim=-1).to(dtype), persistent=False)
 
-    def forward(
-        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """q: [T, heads, D], k: [T, kv_heads, D]."""
-        cos = self.cos[positions].unsqueeze(1)
-        sin = self.sin[positions].unsqueeze(1)
-        return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+    def forward(self, positions: torch.Tensor) -> "Rotation":
+        return Rotation(self.cos[positions].unsqueeze(1), self.signed_sin[positions].unsqueeze(1))
 
 
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
+class Rotation(NamedTuple):
+    """One step's cos and signed sin, ``[T, 1, D]``, shared by every layer."""
+
+    cos: torch.Tensor
+    signed_sin: torch.Tensor
+
+    def apply(self, x: torch.Tensor) -> torch.Tensor:
+        """Rotate ``x`` ``[T, heads, D]`` (queries and keys together, when they sit side by side)."""
+        return x * self.cos + x.roll(x.shape[-1] // 2, dims=-1) * self.signed_sin
