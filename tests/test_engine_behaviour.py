@@ -157,3 +157,15 @@ def test_greedy_samples_that_copy_on_write_match_a_single_sample(llm: LLM, engin
     single = llm.generate(prompt, SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True))
     fanned = llm.generate(prompt, SamplingParams(n=3, temperature=0.0, max_tokens=20, ignore_eos=True))
     assert [o.token_ids for o in fanned[0].outputs] == [single[0].outputs[0].token_ids] * 3
+
+
+def test_logprobs_and_their_sum_only_when_asked_for(llm: LLM, engine: LLMEngine) -> None:
+    asked = SamplingParams(temperature=1.0, seed=3, max_tokens=12, ignore_eos=True, logprobs=2)
+    plain = SamplingParams(temperature=1.0, seed=3, max_tokens=12, ignore_eos=True)
+    with_lp, without = (out.outputs[0] for out in llm.generate([PROMPT, PROMPT], [asked, plain]))
+    assert with_lp.token_ids == without.token_ids  # same seed: logprobs do not change the draw
+    assert without.logprobs is None and without.cumulative_logprob is None
+    chosen = [step[token] for step, token in zip(with_lp.logprobs, with_lp.token_ids, strict=True)]
+    assert all(lp < 0 for lp in chosen)
+    assert with_lp.cumulative_logprob == pytest.approx(sum(chosen), abs=1e-4)
+    assert all(len(step) in (2, 3) for step in with_lp.logprobs)  # the top 2, plus the token if outside them

@@ -303,10 +303,12 @@ class LLMEngine:
             request.params, seq.generator, request.prompt_token_ids, seq.output_token_ids, self.eos_token_ids
         )
 
-    def _append_token(self, seq: Sequence, token: int, logprob: float, top: dict | None, now: float) -> None:
+    def _append_token(
+        self, seq: Sequence, token: int, logprob: float | None, top: dict | None, now: float
+    ) -> None:
         seq.token_ids.append(token)
-        seq.cumulative_logprob += logprob
-        if top is not None:
+        if logprob is not None and top is not None:
+            seq.cumulative_logprob += logprob
             seq.logprobs.append(top)
         metrics = seq.request.metrics
         if metrics.first_token_time is None:
@@ -370,15 +372,16 @@ class LLMEngine:
         output_ids = seq.output_token_ids
         new_ids = output_ids[seq.num_emitted_tokens :]
         seq.num_emitted_tokens = len(output_ids)
-        new_logprobs = None
+        new_logprobs, cumulative = None, None
         if seq.request.params.logprobs is not None:
             new_logprobs = seq.logprobs[seq.num_emitted_logprobs :]
             seq.num_emitted_logprobs = len(seq.logprobs)
+            cumulative = seq.cumulative_logprob
         return CompletionOutput(
             index=seq.index,
             text=seq.detokenizer.take_new_text(seq.is_finished),
             token_ids=new_ids,
-            cumulative_logprob=seq.cumulative_logprob,
+            cumulative_logprob=cumulative,
             logprobs=new_logprobs,
             finish_reason=seq.finish_reason,
             stop_reason=seq.stop_reason,

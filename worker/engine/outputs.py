@@ -13,7 +13,7 @@ class CompletionOutput:
     index: int
     text: str
     token_ids: list[int]
-    cumulative_logprob: float | None = None
+    cumulative_logprob: float | None = None  # when logprobs were asked for (or beam search), else None
     logprobs: list[TokenLogprobs] | None = None
     finish_reason: str | None = None  # stop | length | abort
     stop_reason: str | int | None = None  # the stop string or stop token that ended it

@@ -31,7 +31,7 @@ class SamplingRow:
 @dataclass
 class SamplerOutput:
     token_ids: list[int]
-    logprobs: list[float]  # of each sampled token, under the raw model distribution
+    logprobs: list[float | None]  # of each sampled token under the raw distribution; None unless asked for
     top_logprobs: list[TokenLogprobs | None]  # sampled token plus the top params.logprobs tokens, or None
 
 
@@ -152,33 +152,46 @@ def _sample(x: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
 
 
 class Sampler:
-    """Samples one token per row of ``logits`` ``[B, V]`` and reports raw-distribution logprobs."""
+    """Samples one token per row of ``logits`` ``[B, V]``; reports raw-distribution logprobs for the
+    rows whose params ask for them (``logprobs`` not None)."""
 
     def __call__(self, logits: torch.Tensor, rows: list[SamplingRow]) -> SamplerOutput:
         if len(rows) != logits.shape[0]:
             raise ValueError(f"{len(rows)} sampling rows for {logits.shape[0]} logit rows")
         if not rows:
             return SamplerOutput([], [], [])
-        dev = logits.device
         x = logits.float()
-        lse = x.logsumexp(dim=-1)
         if any(r.params.needs_penalties or r.params.min_tokens for r in rows):
             x = x.clone() if x is logits else x  # never edit the caller's logits
             apply_penalties(x, rows)
             apply_min_tokens(x, rows)
         tokens = self._choose(x, rows)
-        # Raw logprobs come from the untouched input (same values as its float32 cast).
-        lp = logits.gather(1, tokens.unsqueeze(1)).squeeze(1).float() - lse
-        parts = [tokens.double(), lp.double()]
-        top_idx = [i for i, r in enumerate(rows) if r.params.logprobs]
-        max_lp = min(max((rows[i].params.logprobs or 0 for i in top_idx), default=0), logits.shape[1])
-        if max_lp:
-            sel = _to_device(top_idx, torch.long, dev) if len(top_idx) < len(rows) else None
-            src, src_lse = (logits, lse) if sel is None else (logits[sel], lse[sel])
-            top_v, top_i = src.topk(max_lp, dim=-1)
-            parts += [top_i.double().flatten(), (top_v.float() - src_lse.unsqueeze(1)).double().flatten()]
+        wanted = [i for i, r in enumerate(rows) if r.params.logprobs is not None]
+        max_lp = min(max((rows[i].params.logprobs or 0 for i in wanted), default=0), logits.shape[1])
+        parts = [tokens.double()]
+        if wanted:
+            parts += self._logprobs(logits, tokens, wanted, max_lp)
         # token ids are exact in float64, so one tensor (one transfer) carries every result
-        return self._unpack(torch.cat(parts).tolist(), rows, top_idx, max_lp)
+        return self._unpack(torch.cat(parts).tolist(), rows, wanted, max_lp)
+
+    @staticmethod
+    def _logprobs(
+        logits: torch.Tensor, tokens: torch.Tensor, wanted: list[int], max_lp: int
+    ) -> list[torch.Tensor]:
+        """Raw-distribution logprobs of the ``wanted`` rows' sampled tokens, then their top ``max_lp``.
+
+        Only rows that asked for logprobs pay for the full-vocabulary logsumexp (a few ms a step on CPU).
+        """
+        if len(wanted) < logits.shape[0]:
+            sel = _to_device(wanted, torch.long, logits.device)
+            logits, tokens = logits[sel], tokens[sel]
+        raw = logits.float()  # the untouched input: penalties and temperature do not change logprobs
+        lse = raw.logsumexp(dim=-1, keepdim=True)
+        parts = [(raw.gather(1, tokens.unsqueeze(1)) - lse).double().flatten()]
+        if max_lp:
+            top_v, top_i = raw.topk(max_lp, dim=-1)
+            parts += [top_i.double().flatten(), (top_v - lse).double().flatten()]
+        return parts
 
     @staticmethod
     def _choose(x: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
@@ -192,21 +205,19 @@ class Sampler:
         return tokens
 
     @staticmethod
-    def _unpack(flat: list[float], rows: list[SamplingRow], top_idx: list[int], max_lp: int) -> SamplerOutput:
-        b = len(rows)
+    def _unpack(flat: list[float], rows: list[SamplingRow], wanted: list[int], max_lp: int) -> SamplerOutput:
+        b, w = len(rows), len(wanted)
         token_ids = [int(t) for t in flat[:b]]
-        logprobs = flat[b : 2 * b]
-        n = len(top_idx) * max_lp
-        ids, vals = flat[2 * b : 2 * b + n], flat[2 * b + n : 2 * b + 2 * n]
-        at = {i: j * max_lp for j, i in enumerate(top_idx)}  # where each row's top-k starts
-        top: list[TokenLogprobs | None] = []
-        for i, r in enumerate(rows):
-            if r.params.logprobs is None:
-                top.append(None)
-                continue
-            entry = {token_ids[i]: logprobs[i]}
-            if i in at:
-                k, s = min(r.params.logprobs, max_lp), at[i]
-                entry.update(zip((int(t) for t in ids[s : s + k]), vals[s : s + k], strict=True))
-            top.append(entry)
+        chosen = flat[b : b + w]
+        n = w * max_lp
+        ids, vals = flat[b + w : b + w + n], flat[b + w + n : b + w + 2 * n]
+        logprobs: list[float | None] = [None] * b
+        top: list[TokenLogprobs | None] = [None] * b
+        for j, i in enumerate(wanted):
+            logprobs[i] = chosen[j]
+            k, s = min(rows[i].params.logprobs or 0, max_lp), j * max_lp
+            top[i] = {
+                token_ids[i]: chosen[j],
+                **dict(zip((int(t) for t in ids[s : s + k]), vals[s : s + k], strict=True)),
+            }
         return SamplerOutput(token_ids, logprobs, top)
