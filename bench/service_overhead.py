@@ -35,6 +35,7 @@ import argparse
 import json
 import os
 import platform
+import random
 import re
 import socket
 import statistics
@@ -306,6 +307,22 @@ def percentile(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1]
 
 
+def median_interval(values: list[float], resamples: int = 2000) -> tuple[float, float, float]:
+    """The median and its 95% bootstrap interval: on this machine one pair's added ITL spreads over
+    ±10 ms, so 30 pairs pin the median down only to about ±1.5 ms, as wide as the target itself."""
+    rng = random.Random(0)
+    medians = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(resamples))
+    return statistics.median(values), medians[int(0.025 * resamples)], medians[int(0.975 * resamples)]
+
+
+def verdict(interval: tuple[float, float, float], target: float) -> str:
+    """PASS only when the whole interval is within the target, MISS when none of it is."""
+    _, low, high = interval
+    if high <= target:
+        return "PASS"
+    return "MISS" if low > target else "UNDECIDED (the 95% interval straddles the target)"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m-instruct")
@@ -323,7 +340,7 @@ def main() -> None:
     parser.add_argument(
         "--stream-requests",
         type=int,
-        default=30,
+        default=60,
         help="streamed chat completions timed, each paired with the engine",
     )
     parser.add_argument("--stream-tokens", type=int, default=64)
@@ -414,19 +431,20 @@ def main() -> None:
         print(f"  target >= {TARGET_BATCH_VS_GENERATE:.0%} of LLM.chat: {'PASS' if ok else 'MISS'}")
     medians = [statistics.median(column) for column in zip(*pairs, strict=True)]
     path_ttft, path_itl, engine_ttft, engine_itl = medians
-    added_ttft = statistics.median(p[0] - p[2] for p in pairs)
-    added_itl = statistics.median(p[1] - p[3] for p in pairs)
+    added_ttft = median_interval([p[0] - p[2] for p in pairs])
+    added_itl = median_interval([p[1] - p[3] for p in pairs])
     print(f"cores busy before the streamed part (other processes; ~0 is clean): {stream_busy:.2f}")
     print(
         f"streamed chat completion, {args.stream_requests} pairs x {args.stream_tokens} tokens, medians: "
         f"TTFT {path_ttft:.1f} ms vs engine {engine_ttft:.1f} ms; ITL {path_itl:.2f} ms vs engine "
-        f"{engine_itl:.2f} ms; added (median of the pairs' differences): TTFT {added_ttft:+.1f} ms, "
-        f"ITL {added_itl:+.2f} ms"
+        f"{engine_itl:.2f} ms; added (median of the pairs' differences, 95% interval): "
+        f"TTFT {added_ttft[0]:+.1f} ms ({added_ttft[1]:+.1f}..{added_ttft[2]:+.1f}), "
+        f"ITL {added_itl[0]:+.2f} ms ({added_itl[1]:+.2f}..{added_itl[2]:+.2f})"
     )
     print(
         f"  targets: added TTFT <= {TARGET_ADDED_TTFT_MS:.0f} ms: "
-        f"{'PASS' if added_ttft <= TARGET_ADDED_TTFT_MS else 'MISS'}; added ITL <= "
-        f"{TARGET_ADDED_ITL_MS:.0f} ms: {'PASS' if added_itl <= TARGET_ADDED_ITL_MS else 'MISS'}"
+        f"{verdict(added_ttft, TARGET_ADDED_TTFT_MS)}; added ITL <= {TARGET_ADDED_ITL_MS:.0f} ms: "
+        f"{verdict(added_itl, TARGET_ADDED_ITL_MS)}"
     )
 
 
