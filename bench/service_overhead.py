@@ -2,7 +2,7 @@
 
     python bench/service_overhead.py [--model DIR] [--seconds 10] [--concurrency 64] [--api-workers 2]
         [--batch-processes 2] [--latency-jobs 200] [--batch-lines 50000] [--batch-e2e [--batch-docs 1000]]
-        [--stream-requests 30] [--rounds 2]
+        [--stream-requests 60] [--rounds 2] [--stream-only]
 
 Needs wrk (Debian: apt-get install wrk), PostgreSQL and Redis as the tests use them.
 1. Accepted jobs/s: ``pagedq api`` (``--api-workers`` uvicorn processes, default 2: one per core)
@@ -345,6 +345,9 @@ def main() -> None:
     )
     parser.add_argument("--stream-tokens", type=int, default=64)
     parser.add_argument(
+        "--stream-only", action="store_true", help="run part 5 alone (nothing before it leaves work behind)"
+    )
+    parser.add_argument(
         "--rounds", type=int, default=2, help="alternations of batch and LLM.chat runs (--batch-e2e)"
     )
     args = parser.parse_args()
@@ -362,26 +365,28 @@ def main() -> None:
     try:
         wait_ready(url)
         wait_quiet(60)  # the API's batch-checking processes load their tokenizers after it is ready
-        health = hammer(url, args.seconds, args.concurrency, post_jobs=False, logs=logs)
-        accepted = hammer(url, args.seconds, args.concurrency, post_jobs=True, logs=logs)
-        drop_queued(settings)
-        broker = redis.Redis.from_url(settings.resolved_broker_url)
-        queue = queue_name(settings.served_model_name)
-        batch_rate, publish_rate = batch_accept(url, args.batch_lines, broker, queue)
-        drop_queued(settings)
+        if not args.stream_only:
+            health = hammer(url, args.seconds, args.concurrency, post_jobs=False, logs=logs)
+            accepted = hammer(url, args.seconds, args.concurrency, post_jobs=True, logs=logs)
+            drop_queued(settings)
+            broker = redis.Redis.from_url(settings.resolved_broker_url)
+            queue = queue_name(settings.served_model_name)
+            batch_rate, publish_rate = batch_accept(url, args.batch_lines, broker, queue)
+            drop_queued(settings)
 
         worker = start("worker", settings, logs / "worker.log")
         llm = direct_llm(settings)  # idle while the service runs, and the service idle while it runs
         try:
-            latencies = queue_latencies(url, args.latency_jobs)
-            direct = engine_latencies(llm, args.latency_jobs)
+            if not args.stream_only:
+                latencies = queue_latencies(url, args.latency_jobs)
+                direct = engine_latencies(llm, args.latency_jobs)
             model = settings.served_model_name
             # Earlier parts may leave work behind (the worker finalizes the 50,000-job batch).
             stream_busy = wait_quiet(180)
             pairs = stream_pairs(url, model, llm, args.stream_requests, args.stream_tokens)
             # Service and engine alternate round by round: this machine's speed drifts by minutes.
             batch_tps, generate_tps = [], []
-            for _ in range(args.rounds if args.batch_e2e else 0):
+            for _ in range(args.rounds if args.batch_e2e and not args.stream_only else 0):
                 batch_tps.append(batch_end_to_end(url, args.batch_docs, args.batch_max_tokens))
                 generate_tps.append(generate_directly(llm, args.batch_docs, args.batch_max_tokens))
         finally:
@@ -391,6 +396,22 @@ def main() -> None:
         api.terminate()
         api.wait(60)
 
+    if not args.stream_only:
+        report_requests(args, health, accepted, latencies, direct, batch_rate, publish_rate)
+        if args.batch_e2e:
+            report_batch_e2e(args, batch_tps, generate_tps)
+    report_stream(args, pairs, stream_busy)
+
+
+def report_requests(
+    args: argparse.Namespace,
+    health: float,
+    accepted: float,
+    latencies: list[float],
+    direct: list[float],
+    batch_rate: float,
+    publish_rate: float,
+) -> None:
     p50, p99 = percentile(latencies, 50), percentile(latencies, 99)
     print(
         f"accepted jobs/s, {args.api_workers} API process(es): {accepted:.0f} "
@@ -417,18 +438,23 @@ def main() -> None:
         f"{batch_rate / TARGET_BATCH_LINES_PER_S:.2f}x of target, "
         f"{'PASS' if batch_rate >= TARGET_BATCH_LINES_PER_S else 'MISS'}"
     )
-    if args.batch_e2e:
-        rounds = ", ".join(
-            f"{b:.1f} vs {g:.1f} ({b / g:.2f}x)" for b, g in zip(batch_tps, generate_tps, strict=True)
-        )
-        ratio = statistics.mean(batch_tps) / statistics.mean(generate_tps)
-        print(
-            f"batch end to end, {args.batch_docs} documents x {args.batch_max_tokens} tokens, output tok/s "
-            f"batch vs LLM.chat on the same requests, by round: {rounds}; means: batch / LLM.chat = "
-            f"{ratio:.2f}x"
-        )
-        ok = ratio >= TARGET_BATCH_VS_GENERATE
-        print(f"  target >= {TARGET_BATCH_VS_GENERATE:.0%} of LLM.chat: {'PASS' if ok else 'MISS'}")
+
+
+def report_batch_e2e(args: argparse.Namespace, batch_tps: list[float], generate_tps: list[float]) -> None:
+    rounds = ", ".join(
+        f"{b:.1f} vs {g:.1f} ({b / g:.2f}x)" for b, g in zip(batch_tps, generate_tps, strict=True)
+    )
+    ratio = statistics.mean(batch_tps) / statistics.mean(generate_tps)
+    print(
+        f"batch end to end, {args.batch_docs} documents x {args.batch_max_tokens} tokens, output tok/s "
+        f"batch vs LLM.chat on the same requests, by round: {rounds}; means: batch / LLM.chat = "
+        f"{ratio:.2f}x"
+    )
+    ok = ratio >= TARGET_BATCH_VS_GENERATE
+    print(f"  target >= {TARGET_BATCH_VS_GENERATE:.0%} of LLM.chat: {'PASS' if ok else 'MISS'}")
+
+
+def report_stream(args: argparse.Namespace, pairs: list[tuple[float, ...]], stream_busy: float) -> None:
     medians = [statistics.median(column) for column in zip(*pairs, strict=True)]
     path_ttft, path_itl, engine_ttft, engine_itl = medians
     added_ttft = median_interval([p[0] - p[2] for p in pairs])
