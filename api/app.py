@@ -5,13 +5,13 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 from fastapi import FastAPI
-from redis.asyncio import Redis
 from starlette.concurrency import run_in_threadpool
 
 from api.batch_check import BatchChecker
 from api.bulk_publisher import BulkPublisher
 from api.deps import Service
 from api.errors import install_error_handlers
+from api.live import LiveStreams
 from api.metrics import Metrics
 from api.prompts import PromptEncoder
 from api.routes import batches, files, generate, health, jobs, openai, webhooks
@@ -38,8 +38,8 @@ def create_app(settings: Settings, model_dir: Path) -> FastAPI:
         await service.waiter.close()
         await run_in_threadpool(service.bulk_publisher.close)
         await run_in_threadpool(service.batch_checker.close)
-        if service.streams is not None:
-            await service.streams.aclose()
+        if service.live is not None:
+            await service.live.close()
         service.engine.dispose()
 
     app = FastAPI(title="pagedq", version="0.1.0", description=DESCRIPTION, lifespan=lifespan)
@@ -70,7 +70,7 @@ def build_service(settings: Settings, model_dir: Path) -> Service:
         batch_checker=BatchChecker(prompts, model_dir, settings.max_model_len, settings.batch_processes),
         waiter=JobWaiter(sessions),
         submitter=Submitter(sessions, celery, queue),
-        streams=Redis.from_url(url) if (url := streams_url(settings)) else None,
+        live=LiveStreams(url) if (url := streams_url(settings)) else None,
         metrics=Metrics(sessions, celery, queue, settings.heartbeat_timeout),
         bulk_publisher=BulkPublisher(celery, queue),
     )

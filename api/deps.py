@@ -5,12 +5,12 @@ from typing import Annotated
 
 from celery import Celery
 from fastapi import Depends, Request
-from redis.asyncio import Redis
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.batch_check import BatchChecker
 from api.bulk_publisher import BulkPublisher
+from api.live import LiveStreams
 from api.metrics import Metrics
 from api.prompts import PromptEncoder
 from api.submitter import Submitter
@@ -29,7 +29,7 @@ class Service:
     batch_checker: BatchChecker
     waiter: JobWaiter
     submitter: Submitter
-    streams: Redis | None  # the Redis that holds live token streams; None in the embedded mode
+    live: LiveStreams | None  # live token streams in Redis; None in the embedded mode
     metrics: Metrics
     bulk_publisher: BulkPublisher  # a batch's jobs, published after its response
 

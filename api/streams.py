@@ -2,62 +2,56 @@
 
 Events: ``delta`` ``{"text"}`` for each new piece (first everything produced so far), ``restart``
 ``{"attempt"}`` when a requeued job starts over, and finally ``job`` with the job as ``GET`` returns it.
-With Redis the pieces come from the job's Redis stream as the worker appends them; without (the
-embedded mode) from the job row's partial output, which the worker flushes every flush interval.
+With Redis the pieces come as the worker publishes them (``api/live.py``), after what its Redis stream
+already holds; without (the embedded mode) from the job row's partial output, which the worker flushes
+every flush interval.
 """
 
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 
 from fastapi.sse import ServerSentEvent, format_sse_event
 from pydantic import BaseModel
-from redis.asyncio import Redis
 from starlette.concurrency import run_in_threadpool
 
 from api import jobs
 from api.deps import Service
+from api.live import LiveStreams
 from api.schemas import JobOut
 from core.models import Job
 from core.states import TERMINAL
-from core.streams import stream_key
-
-IDLE_CHECK_MS = 1000  # how often a quiet stream re-reads the job (it may end without a token: cancelled)
 
 
 async def job_events(service: Service, job: Job) -> AsyncIterator[ServerSentEvent]:
     # A batch's jobs are not streamed live (worker/host.py): follow their row.
-    if service.streams is None or job.batch_id is not None:
+    if service.live is None or job.batch_id is not None:
         events = _from_row(service, job.id)
     else:
-        events = _from_stream(service, service.streams, job.id)
+        events = _from_stream(service, service.live, job.id)
     async for event in events:
         yield event
 
 
-async def _from_stream(service: Service, streams: Redis, job_id: str) -> AsyncIterator[ServerSentEvent]:
-    last_id, attempt, streamed = "0", None, False
-    while True:
-        reply = await streams.xread({stream_key(job_id): last_id}, block=IDLE_CHECK_MS, count=1024)
-        ended = False
-        for _, entries in reply:
-            for entry_id, fields in entries:
-                last_id = entry_id
-                run = int(fields[b"attempt"])
-                if attempt is not None and run != attempt:
-                    yield ServerSentEvent(event="restart", data={"attempt": run})
-                attempt = run
-                if b"text" in fields:
+async def _from_stream(service: Service, live: LiveStreams, job_id: str) -> AsyncIterator[ServerSentEvent]:
+    attempt, streamed = None, False
+    async with aclosing(live.entries(job_id)) as entries:  # unsubscribes as soon as this ends
+        async for entry in entries:
+            if entry is not None:
+                if attempt is not None and entry.attempt != attempt:
+                    yield ServerSentEvent(event="restart", data={"attempt": entry.attempt})
+                attempt = entry.attempt
+                if entry.text:
                     streamed = True
-                    yield ServerSentEvent(event="delta", data={"text": fields[b"text"].decode()})
-                ended = ended or b"end" in fields
-        if ended or not reply:
-            job = await _settled(service, job_id, wait=ended)
-            if job.status in TERMINAL:
-                if not streamed and job.output_text:  # the stream expired: send the output whole
-                    yield ServerSentEvent(event="delta", data={"text": job.output_text})
-                yield ServerSentEvent(event="job", data=JobOut.of(job))
-                return
+                    yield ServerSentEvent(event="delta", data={"text": entry.text})
+            if entry is None or entry.end:
+                job = await _settled(service, job_id, wait=entry is not None)
+                if job.status in TERMINAL:
+                    if not streamed and job.output_text:  # the stream expired: send the output whole
+                        yield ServerSentEvent(event="delta", data={"text": job.output_text})
+                    yield ServerSentEvent(event="job", data=JobOut.of(job))
+                    return
 
 
 async def _settled(service: Service, job_id: str, wait: bool) -> Job:

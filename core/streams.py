@@ -1,10 +1,18 @@
-"""Live token streams: the worker appends each job's new text to a Redis stream; the API follows it.
+"""Live token streams: the worker appends each job's new text to a Redis stream and publishes it; the
+API follows it.
 
-A Redis stream (not plain pub/sub) keeps what was produced so far, so a client that connects late
-reads it from the start before it blocks for more. Each entry carries the run's ``attempt``: a job
-requeued after a fault starts over, and the reader says so. Without Redis (``pagedq up``) there is no
-stream and the API follows the job row's partial output instead.
+A Redis stream keeps what was produced so far, so a client that connects late reads it from the start;
+the same entry is published on the job's channel, which one pub/sub connection per API process
+receives for every job it streams (a blocking read per stream and token cost several times more). An
+entry's id is ``<attempt>-<seq>``: entries are ordered by run, then by their place in it, so a reader
+drops what it has seen, notices a gap (a message lost while reconnecting) and fills it from the
+stream, and knows when a requeued job starts over. Without Redis (``pagedq up``) there is no stream
+and the API follows the job row's partial output instead.
 """
+
+import json
+from dataclasses import dataclass
+from typing import Any
 
 from core.settings import Settings
 
@@ -15,6 +23,53 @@ def stream_key(job_id: str) -> str:
     return f"pagedq:stream:{job_id}"
 
 
+def channel_key(job_id: str) -> str:
+    return f"pagedq:live:{job_id}"
+
+
 def streams_url(settings: Settings) -> str | None:
     url = settings.resolved_broker_url
     return url if url.startswith(("redis://", "rediss://")) else None
+
+
+@dataclass(frozen=True)
+class StreamEntry:
+    """One entry of a job's stream: the ``seq``-th piece of text of run ``attempt``, or its end, or both."""
+
+    attempt: int
+    seq: int  # from 1 within a run
+    text: str = ""
+    end: bool = False
+
+    @property
+    def entry_id(self) -> str:
+        return f"{self.attempt}-{self.seq}"
+
+    @property
+    def position(self) -> tuple[int, int]:
+        return self.attempt, self.seq
+
+    def follows(self, position: tuple[int, int]) -> bool:
+        """Whether this is the very next entry after ``position``: nothing lies between them."""
+        attempt, seq = position
+        return (self.attempt == attempt and self.seq == seq + 1) or (self.attempt > attempt and self.seq == 1)
+
+    def fields(self) -> dict[str, str | int]:
+        return ({"text": self.text} if self.text else {}) | ({"end": 1} if self.end else {})
+
+    def message(self) -> str:
+        return json.dumps({"id": self.entry_id} | self.fields(), ensure_ascii=False)
+
+    @classmethod
+    def from_message(cls, data: bytes | str) -> "StreamEntry":
+        fields = json.loads(data)
+        return cls._of(fields.pop("id"), fields)
+
+    @classmethod
+    def from_stream(cls, entry_id: bytes, fields: dict[bytes, bytes]) -> "StreamEntry":
+        return cls._of(entry_id.decode(), {key.decode(): value.decode() for key, value in fields.items()})
+
+    @classmethod
+    def _of(cls, entry_id: str, fields: dict[str, Any]) -> "StreamEntry":
+        attempt, seq = entry_id.split("-")
+        return cls(int(attempt), int(seq), fields.get("text", ""), "end" in fields)

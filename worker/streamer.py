@@ -1,4 +1,5 @@
-"""Appends each job's new text to its Redis stream, from a thread of its own so the engine never waits."""
+"""Appends each job's new text to its Redis stream and publishes it (``core/streams.py``), from a thread
+of its own so the engine never waits."""
 
 import logging
 import queue
@@ -8,7 +9,7 @@ from dataclasses import dataclass
 import redis
 
 from core.models import storable
-from core.streams import STREAM_TTL_S, stream_key
+from core.streams import STREAM_TTL_S, StreamEntry, channel_key, stream_key
 
 logger = logging.getLogger("pagedq.worker")
 
@@ -25,7 +26,7 @@ class TokenStreamer:
     def __init__(self, url: str) -> None:
         self._redis = redis.Redis.from_url(url)
         self._pieces: queue.SimpleQueue[Piece | None] = queue.SimpleQueue()
-        self._expiring: set[str] = set()  # jobs whose stream already has a TTL
+        self._seqs: dict[tuple[str, int], int] = {}  # (job, attempt): its last entry; its stream has a TTL
         self._thread = threading.Thread(target=self._run, name="pagedq-streamer", daemon=True)
         self._thread.start()
 
@@ -50,17 +51,18 @@ class TokenStreamer:
     def _write(self, batch: list[Piece]) -> None:
         pipe = self._redis.pipeline(transaction=False)
         for piece in batch:
-            key = stream_key(piece.job_id)
-            if piece.text:
-                pipe.xadd(key, {"attempt": piece.attempt, "text": storable(piece.text)})
-            if piece.finished:
-                pipe.xadd(key, {"attempt": piece.attempt, "end": 1})
-            if piece.finished or piece.job_id not in self._expiring:
+            run = (piece.job_id, piece.attempt)
+            key, seq = stream_key(piece.job_id), self._seqs.get(run, 0) + 1
+            entry = StreamEntry(piece.attempt, seq, storable(piece.text), piece.finished)
+            # An explicit id: a stale run's entries, older than the stream's newest, are refused.
+            pipe.xadd(key, entry.fields(), id=entry.entry_id)
+            pipe.publish(channel_key(piece.job_id), entry.message())
+            if seq == 1 or piece.finished:
                 pipe.expire(key, STREAM_TTL_S)  # at the start too: a run that dies leaves no key behind
             if piece.finished:
-                self._expiring.discard(piece.job_id)
+                self._seqs.pop(run, None)
             else:
-                self._expiring.add(piece.job_id)
+                self._seqs[run] = seq
         try:
             pipe.execute()
         except redis.RedisError as error:  # best effort: the database has the output either way

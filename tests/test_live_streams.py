@@ -1,0 +1,176 @@
+"""A job's live stream in Redis: the worker's ``TokenStreamer`` writes it, the API's ``LiveStreams`` reads it.
+
+Against the real Redis: entries come in order and each once, whether read from the stream or as they
+are published; a lost message is read from the stream; a requeued run starts over, and a stale run's
+entries are refused.
+"""
+
+import asyncio
+import uuid
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from api import live
+from api.live import LiveStreams
+from core.streams import StreamEntry, channel_key, stream_key
+from tests.services import redis_url, wait_for
+from worker.streamer import TokenStreamer
+
+
+@pytest.fixture
+def url() -> str:
+    return redis_url()
+
+
+@pytest.fixture
+def job_id(url: str) -> Iterator[str]:
+    job = f"job_test_{uuid.uuid4().hex[:12]}"
+    yield job
+    redis.Redis.from_url(url).delete(stream_key(job))
+
+
+@pytest.fixture(autouse=True)
+def _quick_idle_checks(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(live, "IDLE_CHECK_S", 0.2)
+
+
+async def read_until_end(streams: LiveStreams, job_id: str, ends: int = 1) -> list[StreamEntry]:
+    """Every entry until the ``ends``-th end, failing after 10 s."""
+    read: list[StreamEntry] = []
+    async with asyncio.timeout(10):
+        async for entry in streams.entries(job_id):
+            if entry is not None:
+                read.append(entry)
+                ends -= entry.end
+                if not ends:
+                    return read
+    return read
+
+
+def texts(entries: list[StreamEntry]) -> list[tuple[int, str, bool]]:
+    return [(e.attempt, e.text, e.end) for e in entries]
+
+
+def stream_length(url: str, job_id: str) -> int:
+    return redis.Redis.from_url(url).xlen(stream_key(job_id))
+
+
+def test_a_reader_gets_what_was_written_so_far_then_each_new_piece_once(url: str, job_id: str) -> None:
+    streamer = TokenStreamer(url)
+
+    async def scenario() -> list[StreamEntry]:
+        streams = LiveStreams(url)
+        for piece in ("Hello", ",", " wor"):
+            streamer.put(job_id, 1, piece, finished=False)
+        wait_for(lambda: stream_length(url, job_id) == 3, 5, "the first pieces")
+        reader = asyncio.create_task(read_until_end(streams, job_id))
+        await asyncio.sleep(0.3)  # the reader has read the stream and now waits for published pieces
+        for piece, finished in (("ld", False), ("!", False), ("", True)):
+            streamer.put(job_id, 1, piece, finished)
+        read = await reader
+        await streams.close()
+        return read
+
+    try:
+        read = asyncio.run(scenario())
+    finally:
+        streamer.close()
+    assert "".join(e.text for e in read) == "Hello, world!"
+    assert [e.position for e in read] == [(1, seq) for seq in range(1, 7)] and read[-1].end
+    assert redis.Redis.from_url(url).ttl(stream_key(job_id)) > 0
+
+
+def test_a_message_lost_on_the_channel_is_read_from_the_stream(url: str, job_id: str) -> None:
+    worker = redis.Redis.from_url(url)
+
+    def write(entry: StreamEntry, publish: bool = True) -> None:
+        worker.xadd(stream_key(job_id), entry.fields(), id=entry.entry_id)
+        if publish:
+            worker.publish(channel_key(job_id), entry.message())
+
+    async def scenario() -> list[StreamEntry]:
+        streams = LiveStreams(url)
+        reader = asyncio.create_task(read_until_end(streams, job_id))
+        await asyncio.sleep(0.3)
+        write(StreamEntry(1, 1, "one "))
+        write(StreamEntry(1, 2, "two "), publish=False)  # in the stream, but its message is lost
+        await asyncio.sleep(0.05)
+        write(StreamEntry(1, 3, "three", end=True))
+        read = await reader
+        await streams.close()
+        return read
+
+    read = asyncio.run(scenario())
+    assert texts(read) == [(1, "one ", False), (1, "two ", False), (1, "three", True)]
+
+
+def test_a_requeued_run_starts_over_and_a_stale_run_is_refused(url: str, job_id: str) -> None:
+    streamer = TokenStreamer(url)
+
+    async def scenario() -> list[StreamEntry]:
+        streams = LiveStreams(url)
+        reader = asyncio.create_task(read_until_end(streams, job_id, ends=2))
+        await asyncio.sleep(0.3)
+        streamer.put(job_id, 1, "first", finished=False)
+        streamer.put(job_id, 1, " run", finished=True)  # aborted to be requeued
+        wait_for(lambda: stream_length(url, job_id) == 2, 5, "the first run")
+        streamer.put(job_id, 2, "second", finished=False)
+        wait_for(lambda: stream_length(url, job_id) == 3, 5, "the second run")
+        streamer.put(job_id, 1, " stale", finished=False)  # the first run, on a worker presumed dead
+        streamer.put(job_id, 2, " run", finished=True)
+        read = await reader
+        await streams.close()
+        return read
+
+    try:
+        read = asyncio.run(scenario())
+    finally:
+        streamer.close()
+    assert texts(read) == [(1, "first", False), (1, " run", True), (2, "second", False), (2, " run", True)]
+    stored = redis.Redis.from_url(url).xrange(stream_key(job_id))
+    assert b" stale" not in [fields.get(b"text") for _, fields in stored]
+
+
+def test_readers_of_one_job_share_a_subscription_and_leave_none_behind(url: str, job_id: str) -> None:
+    streamer = TokenStreamer(url)
+    client = redis.Redis.from_url(url)
+
+    def subscribers() -> int:
+        return dict(client.pubsub_numsub(channel_key(job_id)))[channel_key(job_id).encode()]
+
+    async def scenario() -> tuple[list[StreamEntry], list[StreamEntry], int]:
+        streams = LiveStreams(url)
+        readers = [asyncio.create_task(read_until_end(streams, job_id)) for _ in range(2)]
+        await asyncio.sleep(0.3)
+        during = subscribers()
+        for piece in ("a", "b", "c"):
+            streamer.put(job_id, 1, piece, finished=piece == "c")
+        first, second = await asyncio.gather(*readers)
+        await asyncio.sleep(0.1)  # the unsubscribe reaches Redis
+        assert subscribers() == 0
+        await streams.close()
+        return first, second, during
+
+    try:
+        first, second, during = asyncio.run(scenario())
+    finally:
+        streamer.close()
+    assert during == 1
+    assert texts(first) == texts(second) == [(1, "a", False), (1, "b", False), (1, "c", True)]
+
+
+def test_a_quiet_stream_says_so_at_each_idle_check(url: str, job_id: str) -> None:
+    async def scenario() -> list[StreamEntry | None]:
+        streams = LiveStreams(url)
+        heard: list[StreamEntry | None] = []
+        async with asyncio.timeout(5):
+            async for entry in streams.entries(job_id):
+                heard.append(entry)
+                if len(heard) == 2:
+                    break
+        await streams.close()
+        return heard
+
+    assert asyncio.run(scenario()) == [None, None]
