@@ -101,6 +101,7 @@ def run_worker(settings: Settings) -> None:
                 f"--loglevel={settings.log_level}",
                 "--without-gossip",
                 "--without-mingle",
+                "--without-heartbeat",  # Celery's event heartbeats: the workers table is pagedq's liveness
             ]
         )
     finally:
