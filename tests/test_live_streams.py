@@ -7,7 +7,8 @@ entries are refused.
 
 import asyncio
 import uuid
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
+from typing import TypeVar
 
 import pytest
 import redis
@@ -31,9 +32,33 @@ def job_id(url: str) -> Iterator[str]:
     redis.Redis.from_url(url).delete(stream_key(job))
 
 
+@pytest.fixture
+def streamer(url: str) -> Iterator[TokenStreamer]:
+    """The worker's writer."""
+    writer = TokenStreamer(url)
+    yield writer
+    writer.close()
+
+
 @pytest.fixture(autouse=True)
 def _quick_idle_checks(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(live, "IDLE_CHECK_S", 0.2)
+
+
+T = TypeVar("T")
+
+
+def with_live_streams(url: str, scenario: Callable[[LiveStreams], Awaitable[T]]) -> T:
+    """Runs ``scenario`` in a fresh event loop with the API's reader, closed afterwards."""
+
+    async def run() -> T:
+        streams = LiveStreams(url)
+        try:
+            return await scenario(streams)
+        finally:
+            await streams.close()
+
+    return asyncio.run(run())
 
 
 async def read_until_end(streams: LiveStreams, job_id: str, ends: int = 1) -> list[StreamEntry]:
@@ -57,11 +82,10 @@ def stream_length(url: str, job_id: str) -> int:
     return redis.Redis.from_url(url).xlen(stream_key(job_id))
 
 
-def test_a_reader_gets_what_was_written_so_far_then_each_new_piece_once(url: str, job_id: str) -> None:
-    streamer = TokenStreamer(url)
-
-    async def scenario() -> list[StreamEntry]:
-        streams = LiveStreams(url)
+def test_a_reader_gets_what_was_written_so_far_then_each_new_piece_once(
+    url: str, job_id: str, streamer: TokenStreamer
+) -> None:
+    async def scenario(streams: LiveStreams) -> list[StreamEntry]:
         for piece in ("Hello", ",", " wor"):
             streamer.put(job_id, 1, piece, finished=False)
         wait_for(lambda: stream_length(url, job_id) == 3, 5, "the first pieces")
@@ -69,14 +93,9 @@ def test_a_reader_gets_what_was_written_so_far_then_each_new_piece_once(url: str
         await asyncio.sleep(0.3)  # the reader has read the stream and now waits for published pieces
         for piece, finished in (("ld", False), ("!", False), ("", True)):
             streamer.put(job_id, 1, piece, finished)
-        read = await reader
-        await streams.close()
-        return read
+        return await reader
 
-    try:
-        read = asyncio.run(scenario())
-    finally:
-        streamer.close()
+    read = with_live_streams(url, scenario)
     assert "".join(e.text for e in read) == "Hello, world!"
     assert [e.position for e in read] == [(1, seq) for seq in range(1, 7)] and read[-1].end
     assert redis.Redis.from_url(url).ttl(stream_key(job_id)) > 0
@@ -90,27 +109,23 @@ def test_a_message_lost_on_the_channel_is_read_from_the_stream(url: str, job_id:
         if publish:
             worker.publish(channel_key(job_id), entry.message())
 
-    async def scenario() -> list[StreamEntry]:
-        streams = LiveStreams(url)
+    async def scenario(streams: LiveStreams) -> list[StreamEntry]:
         reader = asyncio.create_task(read_until_end(streams, job_id))
         await asyncio.sleep(0.3)
         write(StreamEntry(1, 1, "one "))
         write(StreamEntry(1, 2, "two "), publish=False)  # in the stream, but its message is lost
         await asyncio.sleep(0.05)
         write(StreamEntry(1, 3, "three", end=True))
-        read = await reader
-        await streams.close()
-        return read
+        return await reader
 
-    read = asyncio.run(scenario())
+    read = with_live_streams(url, scenario)
     assert texts(read) == [(1, "one ", False), (1, "two ", False), (1, "three", True)]
 
 
-def test_a_requeued_run_starts_over_and_a_stale_run_is_refused(url: str, job_id: str) -> None:
-    streamer = TokenStreamer(url)
-
-    async def scenario() -> list[StreamEntry]:
-        streams = LiveStreams(url)
+def test_a_requeued_run_starts_over_and_a_stale_run_is_refused(
+    url: str, job_id: str, streamer: TokenStreamer
+) -> None:
+    async def scenario(streams: LiveStreams) -> list[StreamEntry]:
         reader = asyncio.create_task(read_until_end(streams, job_id, ends=2))
         await asyncio.sleep(0.3)
         streamer.put(job_id, 1, "first", finished=False)
@@ -120,28 +135,23 @@ def test_a_requeued_run_starts_over_and_a_stale_run_is_refused(url: str, job_id:
         wait_for(lambda: stream_length(url, job_id) == 3, 5, "the second run")
         streamer.put(job_id, 1, " stale", finished=False)  # the first run, on a worker presumed dead
         streamer.put(job_id, 2, " run", finished=True)
-        read = await reader
-        await streams.close()
-        return read
+        return await reader
 
-    try:
-        read = asyncio.run(scenario())
-    finally:
-        streamer.close()
+    read = with_live_streams(url, scenario)
     assert texts(read) == [(1, "first", False), (1, " run", True), (2, "second", False), (2, " run", True)]
     stored = redis.Redis.from_url(url).xrange(stream_key(job_id))
     assert b" stale" not in [fields.get(b"text") for _, fields in stored]
 
 
-def test_readers_of_one_job_share_a_subscription_and_leave_none_behind(url: str, job_id: str) -> None:
-    streamer = TokenStreamer(url)
+def test_readers_of_one_job_share_a_subscription_and_leave_none_behind(
+    url: str, job_id: str, streamer: TokenStreamer
+) -> None:
     client = redis.Redis.from_url(url)
 
     def subscribers() -> int:
         return dict(client.pubsub_numsub(channel_key(job_id)))[channel_key(job_id).encode()]
 
-    async def scenario() -> tuple[list[StreamEntry], list[StreamEntry], int]:
-        streams = LiveStreams(url)
+    async def scenario(streams: LiveStreams) -> tuple[list[StreamEntry], list[StreamEntry], int]:
         readers = [asyncio.create_task(read_until_end(streams, job_id)) for _ in range(2)]
         await asyncio.sleep(0.3)
         during = subscribers()
@@ -150,27 +160,21 @@ def test_readers_of_one_job_share_a_subscription_and_leave_none_behind(url: str,
         first, second = await asyncio.gather(*readers)
         await asyncio.sleep(0.1)  # the unsubscribe reaches Redis
         assert subscribers() == 0
-        await streams.close()
         return first, second, during
 
-    try:
-        first, second, during = asyncio.run(scenario())
-    finally:
-        streamer.close()
+    first, second, during = with_live_streams(url, scenario)
     assert during == 1
     assert texts(first) == texts(second) == [(1, "a", False), (1, "b", False), (1, "c", True)]
 
 
 def test_a_quiet_stream_says_so_at_each_idle_check(url: str, job_id: str) -> None:
-    async def scenario() -> list[StreamEntry | None]:
-        streams = LiveStreams(url)
+    async def scenario(streams: LiveStreams) -> list[StreamEntry | None]:
         heard: list[StreamEntry | None] = []
         async with asyncio.timeout(5):
             async for entry in streams.entries(job_id):
                 heard.append(entry)
                 if len(heard) == 2:
                     break
-        await streams.close()
         return heard
 
-    assert asyncio.run(scenario()) == [None, None]
+    assert with_live_streams(url, scenario) == [None, None]
