@@ -5,6 +5,7 @@ The database is a private cluster this test stops and starts (``tests/private_po
 """
 
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -18,6 +19,7 @@ import redis
 from sqlalchemy import func, select
 
 from core.models import WebhookDelivery, storable
+from core.queue import queue_name
 from core.settings import Settings
 from tests.jobs_client import Database, api_client, start_worker, submit
 from tests.private_postgres import PrivatePostgres, private_postgres
@@ -59,6 +61,14 @@ def outage_service(tmp_path: Path, tiny_llama: Path) -> Iterator[Service]:
     broker = redis.Redis.from_url(redis_url())
     if leftovers := broker.keys(webhook_queue + "*"):
         broker.delete(*leftovers)
+
+
+def submit_greedy(settings: Settings, lengths: tuple[int, ...]) -> list[str]:
+    with api_client(settings) as client:
+        return [
+            submit(client, prompt=prompt, max_tokens=n, temperature=0, ignore_eos=True)
+            for prompt, n in zip(PROMPTS, lengths, strict=False)
+        ]
 
 
 def worker_check(settings: Settings) -> tuple[int, str]:
@@ -106,12 +116,8 @@ def test_jobs_finishing_during_a_database_outage_all_succeed_once(
     db = Database(settings)
     worker = start_worker(settings, db, tmp_path / "worker.log")
     try:
-        lengths = [6 + 3 * i for i in range(JOBS)]  # they end one after another, across the outage
-        with api_client(settings) as client:
-            ids = [
-                submit(client, prompt=p, max_tokens=n, temperature=0, ignore_eos=True)
-                for p, n in zip(PROMPTS, lengths, strict=False)
-            ]
+        lengths = tuple(6 + 3 * i for i in range(JOBS))  # they end one after another, across the outage
+        ids = submit_greedy(settings, lengths)
         wait_for(lambda: db.jobs(ids)[0].status == "succeeded", 60, "the first job to finish")
         server.stop()
         down_at = time.monotonic()
@@ -128,8 +134,8 @@ def test_jobs_finishing_during_a_database_outage_all_succeed_once(
 
         jobs = db.wait_until(ids, {"succeeded"}, timeout=90)
         assert worker.popen.poll() is None, "the worker recovered by itself, not by a restart"
-        assert [job.output_text for job in jobs] == expected(tiny_llama, tuple(lengths))
-        assert [job.completion_tokens for job in jobs] == lengths
+        assert [job.output_text for job in jobs] == expected(tiny_llama, lengths)
+        assert [job.completion_tokens for job in jobs] == list(lengths)
         assert all(len(job.token_times_ms) == job.completion_tokens for job in jobs)
         assert results_kept_unwritten(worker.log()) & set(ids), "the test needs jobs that ended in the outage"
         assert succeeded_events(db, ids) == dict.fromkeys(ids, 1), "each job ended exactly once"
@@ -140,3 +146,37 @@ def test_jobs_finishing_during_a_database_outage_all_succeed_once(
         worker.stop()
         db.close()
     assert worker.popen.returncode == 0, worker.log()[-3000:]
+
+
+def test_sigterm_during_an_outage_gives_unwritten_jobs_back_to_the_broker(
+    outage_service: Service, tiny_llama: Path, tmp_path: Path
+) -> None:
+    settings, server = outage_service
+    settings = settings.model_copy(update={"heartbeat_timeout": 1.5, "shutdown_grace": 0.5})
+    db = Database(settings)
+    lengths = (64,) * 4
+    first = start_worker(settings, db, tmp_path / "worker1.log")
+    try:
+        ids = submit_greedy(settings, lengths)
+        wait_for(lambda: all(j.status == "running" for j in db.jobs(ids)), 60, "the jobs to be running")
+        server.stop()
+        first.signal(signal.SIGTERM)
+        # The drain deadline, then the heartbeat timeout of retries: then it lets the runs go, unwritten.
+        assert first.popen.wait(30) == 0, first.log()[-3000:]
+    finally:
+        first.stop()
+    broker = redis.Redis.from_url(settings.resolved_broker_url)
+    messages = sum(broker.llen(key) for key in broker.keys(queue_name(settings.served_model_name) + "*"))
+    server.start()
+    unwritten = {job.id for job in db.jobs(ids) if job.status == "running"}
+    assert unwritten and messages == len(unwritten), "their messages were not acknowledged"
+
+    second = start_worker(settings, db, tmp_path / "worker2.log")
+    try:
+        jobs = db.wait_until(ids, {"succeeded"}, timeout=90)
+        assert [job.output_text for job in jobs] == expected(tiny_llama, lengths)
+        assert succeeded_events(db, ids) == dict.fromkeys(ids, 1)
+        assert all(job.attempt == 2 for job in jobs if job.id in unwritten)
+    finally:
+        second.stop()
+        db.close()

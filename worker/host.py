@@ -335,7 +335,7 @@ class EngineHost:
                 failures += 1
                 failing_since = failing_since or time.monotonic()
                 self._flush_failed(error, failures)
-                self.stopping.wait(self._backoff(failures))
+                time.sleep(self._backoff(failures))  # not cut short by a stop: it retries as long
             else:
                 if failures:
                     outage = round(time.monotonic() - failing_since, 1)
