@@ -61,6 +61,9 @@ class Settings(BaseSettings):
     requeue_after: float = 30.0  # a queued job this old with an empty broker queue is republished
     reconcile_interval: float = 5.0
     shutdown_grace: float = 30.0  # on SIGTERM, running jobs get this long before they are requeued
+    worker_status_file: Path | None = (
+        None  # default: <data_dir>/worker-status.json (``pagedq worker --check``)
+    )
     visibility_timeout: int = 3600  # Redis redelivers an unacknowledged message after this many seconds
 
     @property
@@ -70,6 +73,10 @@ class Settings(BaseSettings):
     @property
     def resolved_broker_url(self) -> str:
         return self.broker_url or f"filesystem://{self.data_dir / 'broker'}"
+
+    @property
+    def resolved_worker_status_file(self) -> Path:
+        return self.worker_status_file or self.data_dir / "worker-status.json"
 
     @property
     def broker_kind(self) -> Literal["filesystem", "other"]:

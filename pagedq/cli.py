@@ -6,8 +6,12 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pythonjsonlogger.json import JsonFormatter
+
+if TYPE_CHECKING:
+    from core.settings import Settings
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -56,6 +60,13 @@ def build_parser() -> argparse.ArgumentParser:
     up.set_defaults(func=run_service, service="up")
     api.set_defaults(func=run_service, service="api")
     worker = commands.add_parser("worker", help="run one engine that drains its model's queue")
+    worker.add_argument(
+        "--check",
+        action="store_true",
+        help="do not run: print the running worker's health from its status file "
+        "($PAGEDQ_WORKER_STATUS_FILE) "
+        "and exit 0 if it is healthy, 1 if not (a healthcheck)",
+    )
     worker.set_defaults(func=run_service, service="worker")
     webhooks = commands.add_parser("webhooks", help="send webhooks: signed, retried, recorded")
     webhooks.set_defaults(func=run_service, service="webhooks")
@@ -150,6 +161,8 @@ def run_service(args: argparse.Namespace) -> int:
 
     overrides = {k: v for k in ("host", "port") if (v := getattr(args, k, None)) is not None}
     settings = Settings(**overrides)
+    if getattr(args, "check", False):
+        return check_worker(settings)
     services = {
         "up": serve.up,
         "api": serve.serve_api,
@@ -159,6 +172,14 @@ def run_service(args: argparse.Namespace) -> int:
     }
     services[args.service](settings)
     return 0
+
+
+def check_worker(settings: "Settings") -> int:
+    from worker.health import check
+
+    healthy, line = check(settings.resolved_worker_status_file, stale_after=settings.heartbeat_timeout)
+    print(line)
+    return 0 if healthy else 1
 
 
 def run_submit(args: argparse.Namespace) -> int:

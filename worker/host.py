@@ -3,6 +3,9 @@
 Celery hands each job to a thread of its pool, which calls ``EngineHost.run`` and blocks until the job's
 result is committed; meanwhile the jobs of all those threads batch together in the one engine. The
 engine thread never touches the database, so a slow write never stalls a decode step.
+
+When the database is away, every write is kept and tried again (backing off) until it lands or the run
+turns out to be lost to another worker; meanwhile the worker does not heartbeat and says it is unhealthy.
 """
 
 import logging
@@ -15,9 +18,12 @@ from datetime import UTC, datetime
 from enum import Enum
 from typing import Any
 
+from sqlalchemy.exc import SQLAlchemyError
+
 from core.states import JobStatus
 from worker.engine import LLMEngine, RequestOutput, SamplingParams
-from worker.store import ClaimedJob, JobStore, Progress
+from worker.health import WorkerHealth, describe
+from worker.store import ClaimedJob, JobStore, Progress, database_away
 from worker.streamer import TokenStreamer
 
 logger = logging.getLogger("pagedq.worker")
@@ -29,6 +35,7 @@ class RunResult(Enum):
     FINISHED = "finished"  # the final state is committed
     SKIPPED = "skipped"  # the job was not queued (finished, cancelled, or another run owns it)
     REFUSED = "refused"  # the worker is shutting down; the message should go back to the broker
+    UNWRITTEN = "unwritten"  # shut down before the result could be written; the message goes back too
 
 
 @dataclass
@@ -64,6 +71,13 @@ class Flight:
     error: str | None = None
     abort_as: JobStatus | None = None  # why we aborted it: CANCELLED, or QUEUED to requeue it
     dirty: bool = True
+    unwritten: bool = False  # given up at shutdown with its last state not written
+
+    @property
+    def request_id(self) -> str:
+        """The engine's name for this run: the job's next run may join the engine before this one's
+        abort has come out of it."""
+        return f"{self.job.id}#{self.job.attempt}"
 
 
 class EngineHost:
@@ -75,6 +89,8 @@ class EngineHost:
         worker_id: str,
         flush_interval: float,
         heartbeat_interval: float,
+        health: WorkerHealth,
+        write_grace: float,
         streamer: TokenStreamer | None = None,
     ) -> None:
         self.build_engine, self.store, self.publish = build_engine, store, publish
@@ -82,14 +98,18 @@ class EngineHost:
         self.engine_ready = threading.Event()
         self.engine_error: BaseException | None = None
         self.worker_id, self.flush_interval = worker_id, flush_interval
-        self.heartbeat_interval = heartbeat_interval  # checked at each flush
+        self.heartbeat_interval = heartbeat_interval  # checked at each flush; also the longest retry delay
+        self.health = health
+        self.write_grace = write_grace  # after the drain deadline, how long unwritten writes are retried
         self.streamer = streamer
         self.flights: dict[str, Flight] = {}
+        self.claiming: set[str] = set()  # job ids a pool thread is claiming right now
         self.lock = threading.Lock()
         self.commands: queue.Queue[tuple[str, Flight]] = queue.Queue()
         self.wake = threading.Event()
         self.stopping = threading.Event()
         self.drain_deadline: float | None = None
+        self.give_up_at: float | None = None  # unwritten runs are released, their messages go back
         self.stats: dict[str, float] = {}
         self.peak_running = 0
         self._clock_offset = time.time() - time.monotonic()
@@ -108,6 +128,7 @@ class EngineHost:
         (a decode step then took ~40% longer). So only the engine thread ever runs the model.
         """
         engine_thread, flusher = self._threads
+        self.health.write()
         engine_thread.start()
         self.engine_ready.wait()
         if self.engine_error is not None:
@@ -116,38 +137,82 @@ class EngineHost:
         flusher.start()
 
     def drain(self, grace: float) -> None:
-        """Stop taking jobs; jobs still running after ``grace`` seconds are requeued."""
+        """Stop taking jobs; jobs still running after ``grace`` seconds are requeued. Writes that fail are
+        retried ``write_grace`` seconds more; then those runs end unwritten (their messages go back)."""
         logger.info("draining", extra={"grace_s": grace, "running_jobs": len(self.flights)})
-        self.drain_deadline = time.monotonic() + grace
+        deadline = time.monotonic() + grace
+        self.drain_deadline = min(deadline, self.drain_deadline or deadline)
+        self.give_up_at = self.drain_deadline + self.write_grace
         self.wake.set()
 
-    def stop(self, timeout: float = 30.0) -> None:
-        """Requeue whatever still runs, then stop both threads and leave the workers table."""
+    def stop(self) -> None:
+        """Requeue whatever still runs and write what is unwritten (until the give-up time), then stop both
+        threads and leave the workers table."""
         self.drain(0.0)
-        deadline = time.monotonic() + timeout
-        while self.flights and time.monotonic() < deadline:
+        flusher = self._threads[1]
+        while self.flights and flusher.is_alive():
             time.sleep(0.05)
         self.stopping.set()
         self.wake.set()
         for thread in self._threads:
             thread.join(timeout=30)
-        self.store.remove_worker(self.worker_id)
+        try:
+            self.store.remove_worker(self.worker_id)
+        except SQLAlchemyError as error:  # our heartbeats stop all the same: we age out of the table
+            logger.warning("could not leave the workers table", extra={"error": describe(error)})
+        self.health.set("stopped")
 
     # --- called from Celery's pool threads ---
 
     def run(self, job_id: str) -> RunResult:
-        if self.drain_deadline is not None:
-            return RunResult.REFUSED
-        job = self.store.claim(job_id, self.worker_id)
-        if job is None:
-            logger.info("job not queued, skipping", extra={"job_id": job_id})
-            return RunResult.SKIPPED
-        flight = Flight(job)
-        with self.lock:
-            self.flights[job.id] = flight
+        flight = self._claim(job_id)
+        if isinstance(flight, RunResult):
+            return flight
         self.commands.put(("add", flight))
         flight.done.wait()
-        return RunResult.FINISHED
+        return RunResult.UNWRITTEN if flight.unwritten else RunResult.FINISHED
+
+    def _claim(self, job_id: str) -> Flight | RunResult:
+        """Claim the job, retrying while the database is away: the thread keeps its seat meanwhile, so the
+        worker takes no message it cannot start."""
+        with self.lock:
+            held = self.flights.get(job_id)
+        if held is not None:  # a duplicate message, or a requeue of a run we still hold: that run ends first
+            held.done.wait()
+        with self.lock:
+            if job_id in self.claiming:  # a duplicate message another thread is claiming
+                return RunResult.SKIPPED
+            self.claiming.add(job_id)
+        try:
+            failures = 0
+            while self.drain_deadline is None:
+                try:
+                    job = self.store.claim(job_id, self.worker_id, retry=failures > 0)
+                except SQLAlchemyError as error:
+                    if not database_away(error):
+                        raise
+                    failures += 1
+                    level = logging.WARNING if failures == 1 else logging.DEBUG  # the flusher logs the outage
+                    logger.log(
+                        level, "claim failed; retrying", extra={"job_id": job_id, "error": describe(error)}
+                    )
+                    time.sleep(self._backoff(failures))
+                    continue
+                if job is None:
+                    logger.info("job not queued, skipping", extra={"job_id": job_id})
+                    return RunResult.SKIPPED
+                flight = Flight(job)
+                with self.lock:
+                    self.flights[job.id] = flight
+                return flight
+            return RunResult.REFUSED
+        finally:
+            with self.lock:
+                self.claiming.discard(job_id)
+
+    def _backoff(self, failures: int) -> float:
+        """Seconds before the next try: doubling from the flush interval, at most one heartbeat period."""
+        return min(self.flush_interval * 2**failures, self.heartbeat_interval)
 
     # --- the engine thread ---
 
@@ -185,16 +250,17 @@ class EngineHost:
     def _apply(self, command: str, flight: Flight) -> None:
         job = flight.job
         if command == "abort":
-            self.engine.abort(job.id)
+            self.engine.abort(flight.request_id)
             return
         try:
-            self.engine.add_request(job.id, job.prompt_token_ids, SamplingParams(**job.params), job.priority)
+            params = SamplingParams(**job.params)
+            self.engine.add_request(flight.request_id, job.prompt_token_ids, params, job.priority)
         except (ValueError, TypeError) as error:
             self._end(flight, JobStatus.FAILED, error=f"rejected by the engine: {error}")
 
     def _record(self, output: RequestOutput) -> None:
-        flight = self.flights.get(output.request_id)
-        if flight is None:
+        flight = self.flights.get(output.request_id.rpartition("#")[0])
+        if flight is None or flight.request_id != output.request_id:  # a run we let go (its abort, say)
             return
         metrics = output.metrics
         with self.lock:
@@ -230,7 +296,7 @@ class EngineHost:
         with self.lock:
             flights = [f for f in self.flights.values() if f.final is None]
         for flight in flights:
-            self.engine.abort(flight.job.id)
+            self.engine.abort(flight.request_id)
             self._end(flight, JobStatus.FAILED, error=error)
         self.engine.step()  # collects the aborts so the engine is empty again
 
@@ -249,22 +315,60 @@ class EngineHost:
     # --- the flusher thread ---
 
     def _flush_loop(self) -> None:
+        """Write, poll cancels, heartbeat. A failed round is tried again, backing off; until one succeeds the
+        worker does not heartbeat, so after the heartbeat timeout other workers take its jobs over (its
+        later writes then find them lost, and it aborts them)."""
         last_tokens, last_time = 0.0, time.monotonic()
+        failures, failing_since = 0, 0.0
         while not (self.stopping.is_set() and not self.flights):
             self.wake.wait(self.flush_interval)
             self.wake.clear()
             try:
                 self._flush()
                 self._poll_cancellations()
-                self._enforce_drain_deadline()
                 now, tokens = time.monotonic(), self.stats.get("num_generated_tokens", 0.0)
                 if now - last_time >= self.heartbeat_interval:
                     rate = (tokens - last_tokens) / (now - last_time)
                     self.store.heartbeat(self.worker_id, self._stats() | {"tokens_per_s": rate})
                     last_tokens, last_time = tokens, now
-            except Exception:  # the database may be briefly away; keep the jobs and try again
-                logger.exception("flush failed; retrying")
-                time.sleep(self.flush_interval)
+            except Exception as error:
+                failures += 1
+                failing_since = failing_since or time.monotonic()
+                self._flush_failed(error, failures)
+                time.sleep(self._backoff(failures))  # not cut short by a stop: it retries as long
+            else:
+                if failures:
+                    outage = round(time.monotonic() - failing_since, 1)
+                    logger.warning(
+                        "flushing works again", extra={"failed_tries": failures, "outage_s": outage}
+                    )
+                    failures, failing_since = 0, 0.0
+                self.health.succeeded(jobs=len(self.flights))
+            self._enforce_drain_deadline()
+            self._give_up_unwritten()
+
+    def _flush_failed(self, error: Exception, failures: int) -> None:
+        """One log line per failed round, naming what waits to be written."""
+        self.health.failed(error)
+        with self.lock:
+            waiting = [f for f in self.flights.values() if f.dirty]
+        results = [
+            {"job_id": f.job.id, "attempt": f.job.attempt, "status": f.final.value}
+            for f in waiting
+            if f.final is not None
+        ]
+        logger.warning(
+            "flush failed; retrying",
+            exc_info=failures == 1,
+            extra={
+                "error": describe(error),
+                "error_class": type(error).__name__,
+                "failed_tries": failures,
+                "retry_in_s": self._backoff(failures),
+                "unwritten_jobs": len(waiting),
+                "unwritten_results": results[:50],
+            },
+        )
 
     def _stats(self) -> dict[str, float]:
         return dict(self.stats) or {"num_running": 0, "num_waiting": 0, "kv_cache_usage": 0.0}
@@ -275,16 +379,38 @@ class EngineHost:
             snapshot = [self._progress(f) for f in due]
             for f in due:
                 f.dirty = False
+        try:
+            self._store(snapshot)
+        except BaseException:
+            with self.lock:  # what was not written is written whole at the next try
+                for f in due:
+                    f.dirty = True
+            raise
+
+    def _store(self, snapshot: list[Progress]) -> None:
+        """Progress and results in one transaction, then each requeue; a run is released once its end is
+        written, or once it turns out to be another run's."""
         requeues = [p for p in snapshot if p.status == JobStatus.QUEUED]
         writes = [p for p in snapshot if p.status != JobStatus.QUEUED]
         lost = self.store.write(writes) if writes else set()
+        for p in writes:
+            if p.status is not None and p.job_id in lost:
+                logger.warning("result not written: the job is no longer ours", extra={"job_id": p.job_id})
+            if p.status is not None or p.job_id in lost:
+                self._release(p.job_id, lost=p.job_id in lost and p.status is None)
         for p in requeues:
             priority = self.store.requeue(p.job_id, p.attempt)
             if priority is not None:
-                self.publish(p.job_id, priority)
-        for p in snapshot:
-            if p.status is not None or p.job_id in lost:
-                self._release(p.job_id, lost=p.job_id in lost and p.status is None)
+                self._publish_requeued(p.job_id, priority)
+            self._release(p.job_id, lost=False)
+
+    def _publish_requeued(self, job_id: str, priority: int) -> None:
+        try:
+            self.publish(job_id, priority)
+        except Exception as error:  # the row is queued: the reconciler republishes a job without a message
+            logger.warning(
+                "could not publish a requeued job", extra={"job_id": job_id, "error": describe(error)}
+            )
 
     def _progress(self, flight: Flight) -> Progress:
         started = flight.started
@@ -323,6 +449,22 @@ class EngineHost:
             logger.warning("job no longer ours; aborting", extra={"job_id": job_id})
             self.commands.put(("abort", flight))
         flight.done.set()
+
+    def _give_up_unwritten(self) -> None:
+        """Past the give-up time, runs whose end is still unwritten are released as such: their messages go
+        back to the broker, and their rows (still running, ours) are requeued once our heartbeat ages."""
+        if self.give_up_at is None or time.monotonic() < self.give_up_at:
+            return
+        with self.lock:
+            flights = list(self.flights.values())
+            self.flights.clear()
+        if flights:
+            jobs = [{"job_id": f.job.id, "attempt": f.job.attempt} for f in flights]
+            logger.error("shutting down with runs unwritten; their messages go back", extra={"jobs": jobs})
+        for flight in flights:
+            flight.unwritten = True
+            self.commands.put(("abort", flight))
+            flight.done.set()
 
     def _poll_cancellations(self) -> None:
         with self.lock:

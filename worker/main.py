@@ -20,6 +20,7 @@ from core.streams import streams_url
 from core.webhooks import Outbox
 from worker.batches import BatchKeeper
 from worker.engine import EngineConfig, LLMEngine
+from worker.health import WorkerHealth
 from worker.host import EngineHost, RunResult
 from worker.reconciler import Reconciler
 from worker.store import JobStore
@@ -49,8 +50,11 @@ def build_engine(settings: Settings) -> LLMEngine:
 def register_run_job(app: Celery, host: EngineHost) -> None:
     @app.task(name=RUN_JOB_TASK)
     def run_job(job_id: str) -> None:
-        if host.run(job_id) is RunResult.REFUSED:
+        result = host.run(job_id)
+        if result is RunResult.REFUSED:
             raise Reject("the worker is shutting down", requeue=True)
+        if result is RunResult.UNWRITTEN:  # never acknowledge a message whose result was not written
+            raise Reject("shut down before the job's result could be written", requeue=True)
 
 
 def run_worker(settings: Settings) -> None:
@@ -65,6 +69,7 @@ def run_worker(settings: Settings) -> None:
     store = JobStore(make_sessionmaker(make_engine(settings)), settings.served_model_name, outbox)
     url = streams_url(settings)
     streamer = TokenStreamer(url) if url else None
+    health = WorkerHealth(settings.resolved_worker_status_file, settings.heartbeat_period, worker_id)
     host = EngineHost(
         lambda: build_engine(settings),
         store,
@@ -72,7 +77,10 @@ def run_worker(settings: Settings) -> None:
         worker_id,
         settings.flush_interval,
         settings.heartbeat_period,
-        streamer,
+        health,
+        # Past the drain deadline, failed writes are retried until other workers would take over our jobs.
+        write_grace=settings.heartbeat_timeout,
+        streamer=streamer,
     )
     register_run_job(app, host)
     reconciler = Reconciler(

@@ -7,8 +7,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from worker.batches import BatchKeeper
+from worker.health import describe
 from worker.host import Publish
-from worker.store import JobStore
+from worker.store import JobStore, database_away
 
 logger = logging.getLogger("pagedq.worker")
 
@@ -24,15 +25,21 @@ class Reconciler:
 
     def run(self, interval: float, stop: threading.Event) -> None:
         while not stop.wait(interval):
-            try:
-                self.reconcile()
-            except Exception:  # broker or database away: try again next round
-                logger.exception("reconcile failed")
-            try:
-                if self.batches is not None:
-                    self.batches.keep()
-            except Exception:
-                logger.exception("keeping batches failed")
+            self._try("reconcile", self.reconcile)
+            if self.batches is not None:
+                self._try("keeping batches", self.batches.keep)
+
+    @staticmethod
+    def _try(what: str, step: Callable[[], None]) -> None:
+        """A failed round is tried again next round. A database outage gets one line (the flusher logs
+        what waits on it), anything else its traceback."""
+        try:
+            step()
+        except Exception as error:
+            if not database_away(error):
+                logger.exception(f"{what} failed")
+                return
+            logger.warning(f"{what} failed: the database is away", extra={"error": describe(error)})
 
     def reconcile(self) -> None:
         for job_id, priority in self.store.requeue_orphans(self.heartbeat_timeout):

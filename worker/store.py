@@ -9,13 +9,20 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import bindparam, delete, or_, select, update
+from sqlalchemy import and_, bindparam, delete, or_, select, update
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from core.models import Job, Worker, storable, utcnow
 from core.states import JobStatus
 from core.webhooks import Outbox
+
+
+def database_away(error: BaseException) -> bool:
+    """The database did not answer (down, restarting, connection lost): try again later, unchanged."""
+    return isinstance(error, OperationalError) or (
+        isinstance(error, DBAPIError) and error.connection_invalidated
+    )
 
 
 @dataclass(frozen=True)
@@ -94,11 +101,18 @@ class JobStore:
     model: str
     outbox: Outbox | None = None  # where a job's end is recorded as webhook events; None: nowhere
 
-    def claim(self, job_id: str, worker_id: str) -> ClaimedJob | None:
-        """Take a queued job for a new attempt; None when it is not queued (done, cancelled, taken)."""
+    def claim(self, job_id: str, worker_id: str, retry: bool = False) -> ClaimedJob | None:
+        """Take a queued job for a new attempt; None when it is not queued (done, cancelled, taken).
+
+        ``retry``: a try of this worker failed, and its commit may have landed with the answer lost, so a
+        run of this worker's is taken over too (the caller holds no run of the job).
+        """
+        claimable = Job.status == JobStatus.QUEUED
+        if retry:
+            claimable = or_(claimable, and_(Job.status == JobStatus.RUNNING, Job.worker_id == worker_id))
         statement = (
             update(Job)
-            .where(Job.id == job_id, Job.status == JobStatus.QUEUED, Job.cancel_requested.is_(False))
+            .where(Job.id == job_id, claimable, Job.cancel_requested.is_(False))
             .values(status=JobStatus.RUNNING, attempt=Job.attempt + 1, worker_id=worker_id, **FRESH_RUN)
             .returning(Job.attempt, Job.prompt_token_ids, Job.params, Job.priority, Job.batch_id.is_not(None))
         )
@@ -117,7 +131,7 @@ class JobStore:
                 ended = [p.job_id for p in progress if p.status is not None and p.job_id not in lost]
                 deliveries = self._record_events(session, ended)
         except DBAPIError as error:
-            if isinstance(error, OperationalError) or error.connection_invalidated or len(progress) == 1:
+            if database_away(error) or len(progress) == 1:
                 raise
             return set().union(*(self._write_alone(p) for p in progress))
         self._publish(deliveries)
@@ -127,7 +141,7 @@ class JobStore:
         try:
             return self.write([p])
         except DBAPIError as error:
-            if isinstance(error, OperationalError) or error.connection_invalidated:
+            if database_away(error):
                 raise
             failure = FRESH_RUN | {"status": JobStatus.FAILED, "finished_at": utcnow()}
             failure["error"] = f"the result could not be stored: {error.orig!r}"[:2000]
