@@ -12,18 +12,17 @@ import shutil
 import subprocess
 import sys
 import sysconfig
-from datetime import UTC, datetime, timedelta
 from fnmatch import fnmatch
 from pathlib import Path, PurePosixPath
 
 import torch
 import yaml
+from sqlalchemy.exc import OperationalError
 
-from core.db import make_engine, make_sessionmaker
-from core.models import Worker
 from core.settings import Settings
 from pagedq.cli import build_parser
-from tests.services import database_from, free_port, redis_url, service_env
+from tests.services import free_port, redis_url, service_env
+from worker.health import WorkerHealth
 
 REPO = Path(__file__).resolve().parent.parent
 COMPOSE = yaml.safe_load((REPO / "docker-compose.yml").read_text())
@@ -258,20 +257,24 @@ def healthcheck(service: str, settings: Settings, pid_1: str) -> subprocess.Comp
     )
 
 
-def test_the_worker_healthcheck_follows_its_heartbeat_row(pg_template: str) -> None:
+def test_the_worker_healthcheck_is_the_workers_own_check(tmp_path: Path) -> None:
+    """Compose asks the worker itself (its status file), so a worker that cannot write turns unhealthy."""
     assert SERVICES["worker-cpu"]["healthcheck"] == SERVICES["worker"]["healthcheck"]
-    with database_from(pg_template) as url:
-        settings = Settings(database_url=url, heartbeat_timeout=30)
-        assert "not pagedq worker" in healthcheck("worker", settings, "webhooks").stderr
-        assert "no heartbeat row" in healthcheck("worker", settings, "worker").stderr
-        sessions = make_sessionmaker(make_engine(settings))
-        with sessions.begin() as session:
-            session.add(Worker(id="container:1", model="m", heartbeat_at=datetime.now(UTC)))
-        assert healthcheck("worker", settings, "worker").returncode == 0
-        with sessions.begin() as session:
-            session.get(Worker, "container:1").heartbeat_at = datetime.now(UTC) - timedelta(seconds=60)
-        done = healthcheck("worker", settings, "worker")
-        assert done.returncode == 1 and re.search(r"last heartbeat 6\d s ago", done.stderr), done.stderr
+    test = SERVICES["worker"]["healthcheck"]["test"]
+    assert test[:2] == ["CMD", "pagedq"]
+    settings = Settings(data_dir=tmp_path, heartbeat_timeout=30)
+
+    def run_check() -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "pagedq", *test[2:]]
+        return subprocess.run(command, cwd=REPO, env=service_env(settings), capture_output=True, text=True)
+
+    assert run_check().returncode == 1  # no worker has written its status yet
+    health = WorkerHealth(settings.resolved_worker_status_file, refresh_every=1.0, worker_id="container:1")
+    health.succeeded(jobs=2)
+    assert run_check().returncode == 0
+    health.failed(OperationalError("UPDATE jobs", {}, Exception("connection refused")))
+    done = run_check()
+    assert done.returncode == 1 and "cannot write to the database" in done.stdout + done.stderr, done
 
 
 def test_the_webhooks_healthcheck_needs_its_process_and_the_broker() -> None:
