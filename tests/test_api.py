@@ -469,11 +469,30 @@ def test_prefer_wait_is_capped_by_max_wait_seconds(service_settings: Settings) -
 # --- operations ---
 
 
-def test_health_and_readiness(client: TestClient) -> None:
+def test_ready_only_while_a_live_worker_serves_the_model(
+    client: TestClient, db: sessionmaker[Session], service_settings: Settings
+) -> None:
     assert client.get("/healthz").json() == {"status": "ok"}
+    model = service_settings.served_model_name
+    no_worker = f"failed: no worker serving {model} has heartbeated in the last 3 s"
+
+    response = client.get("/readyz")
+    assert response.status_code == 503
+    assert response.json() == {
+        "status": "unavailable",
+        "checks": {"database": "ok", "broker": "ok", "worker": no_worker},
+    }
+
+    with db.begin() as session:
+        session.add(Worker(id="other:1", model="another-model", heartbeat_at=utcnow()))
+        session.add(Worker(id="silent:1", model=model, heartbeat_at=utcnow() - timedelta(seconds=4)))
+    assert client.get("/readyz").json()["checks"]["worker"] == no_worker
+
+    with db.begin() as session:
+        session.add(Worker(id="live:1", model=model, heartbeat_at=utcnow()))
     response = client.get("/readyz")
     assert response.status_code == 200
-    assert response.json() == {"status": "ok", "checks": {"database": "ok", "broker": "ok"}}
+    assert response.json() == {"status": "ok", "checks": {"database": "ok", "broker": "ok", "worker": "ok"}}
 
 
 @pytest.mark.parametrize(
