@@ -2,26 +2,17 @@
 
 import argparse
 import json
-import logging
 import os
-import sys
 from pathlib import Path
 
-from pythonjsonlogger.json import JsonFormatter
+from pagedq.logs import configure_logging
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    configure_logging(os.environ.get("PAGEDQ_LOG_LEVEL", "INFO"))
+    configure_logging(os.environ.get("PAGEDQ_LOG_LEVEL", "INFO"), os.environ.get("PAGEDQ_LOG_FORMAT", "auto"))
     return args.func(args)
-
-
-def configure_logging(level: str) -> None:
-    """JSON lines on stderr, one object per record."""
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter("{asctime}{levelname}{name}{message}", style="{"))
-    logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -56,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     up.set_defaults(func=run_service, service="up")
     api.set_defaults(func=run_service, service="api")
     worker = commands.add_parser("worker", help="run one engine that drains its model's queue")
+    worker.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)  # `pagedq up` hears of readiness
     worker.set_defaults(func=run_service, service="worker")
     webhooks = commands.add_parser("webhooks", help="send webhooks: signed, retried, recorded")
     webhooks.set_defaults(func=run_service, service="webhooks")
@@ -90,7 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
     listing.add_argument("--json", action="store_true", help="print one JSON object per job")
     jobs.set_defaults(func=run_jobs)
     for client in (submit, get, cancel, listing):
-        client.add_argument("--url", help="the API; default: $PAGEDQ_API_URL or http://127.0.0.1:8000")
+        client.add_argument(
+            "--url", help="the API; default: $PAGEDQ_API_URL, else http://$PAGEDQ_HOST:$PAGEDQ_PORT"
+        )
     return parser
 
 
@@ -146,19 +140,18 @@ def run_fetch_model(args: argparse.Namespace) -> int:
 
 def run_service(args: argparse.Namespace) -> int:
     from core.settings import Settings
-    from pagedq import serve
+    from pagedq import serve, up
 
     overrides = {k: v for k in ("host", "port") if (v := getattr(args, k, None)) is not None}
     settings = Settings(**overrides)
     services = {
-        "up": serve.up,
+        "up": up.up,
         "api": serve.serve_api,
-        "worker": serve.serve_worker,
+        "worker": lambda settings: serve.serve_worker(settings, args.ready_fd),
         "webhooks": serve.serve_webhooks,
         "migrate": serve.migrate,
     }
-    services[args.service](settings)
-    return 0
+    return services[args.service](settings) or 0
 
 
 def run_submit(args: argparse.Namespace) -> int:
@@ -182,4 +175,4 @@ def run_jobs(args: argparse.Namespace) -> int:
 def api_url(args: argparse.Namespace) -> str:
     from core.settings import Settings
 
-    return args.url or Settings().api_url
+    return args.url or Settings().resolved_api_url

@@ -7,7 +7,6 @@ errors become one line on stderr, never a traceback.
 import functools
 import hashlib
 import json
-import logging
 import sys
 import time
 from collections import Counter
@@ -27,7 +26,6 @@ TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
 RETRYABLE = frozenset({502, 503, 504})
 POLL_SECONDS = 0.5
 
-logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per request otherwise
 
 
 class ApiError(Exception):
