@@ -60,6 +60,11 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("--out", type=Path, help="write the JSONL (ids, or results with --wait) here")
     submit.add_argument("--concurrency", type=positive, default=16, help="requests in flight at once")
     submit.add_argument(
+        "--new",
+        action="store_true",
+        help="run every line again: without it, re-submitting a file returns the jobs it made before",
+    )
+    submit.add_argument(
         "--batch",
         action="store_true",
         help="the file holds OpenAI batch request lines: run it as one batch (POST /v1/batches), wait, "
@@ -161,7 +166,9 @@ def run_submit(args: argparse.Namespace) -> int:
         from pagedq.batch import submit_batch
 
         return submit_batch(args.file, api_url(args), endpoint=args.endpoint, out=args.out)
-    return submit_file(args.file, api_url(args), wait=args.wait, out=args.out, concurrency=args.concurrency)
+    return submit_file(
+        args.file, api_url(args), wait=args.wait, out=args.out, concurrency=args.concurrency, new=args.new
+    )
 
 
 def run_jobs(args: argparse.Namespace) -> int:
