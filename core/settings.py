@@ -73,10 +73,15 @@ class Settings(BaseSettings):
         return self.broker_url or f"filesystem://{self.data_dir / 'broker'}"
 
     @property
-    def resolved_api_url(self) -> str:
-        """Where clients find the API: ``api_url``, else this machine's ``host`` and ``port``."""
+    def listen_url(self) -> str:
+        """The API this machine serves at ``host`` and ``port`` (a wildcard host is reached on loopback)."""
         host = "127.0.0.1" if self.host in ("", "0.0.0.0", "::") else self.host
-        return self.api_url or f"http://{f'[{host}]' if ':' in host else host}:{self.port}"
+        return f"http://{f'[{host}]' if ':' in host else host}:{self.port}"
+
+    @property
+    def resolved_api_url(self) -> str:
+        """Where clients find the API: ``api_url``, else ``listen_url``."""
+        return self.api_url or self.listen_url
 
     @property
     def broker_kind(self) -> Literal["filesystem", "other"]:

@@ -43,7 +43,7 @@ def _run(settings: Settings) -> None:
 
     migrate(settings)
     resolve_model(settings.model)  # build the default model once, before the worker and the API want it
-    url = settings.resolved_api_url
+    url = settings.listen_url
     model = settings.served_model_name
     _say(f"starting the API on {url} and a worker, which loads {model} first; wait for '{READY}'")
     ready_read, ready_write = os.pipe()
