@@ -6,15 +6,20 @@ PY := $(VENV)/bin/python
 setup: $(VENV)/.installed
 
 # torch is pinned first: 2.13.0 is the CPU build on these machines; any CUDA build works on a GPU box.
+# The first install takes a few minutes and about 2.4 GB; pip shows what it fetches as it goes.
 $(VENV)/.installed: pyproject.toml
+	@echo "== creating $(VENV) (first run only: a few minutes, about 2.4 GB)"
 	python3 -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install --progress-bar on --upgrade pip
+	@echo "== installing torch"
+	$(PY) -m pip install --progress-bar on torch==2.13.0
+	@echo "== installing pagedq and its dependencies"
+	$(PY) -m pip install --progress-bar on -e '.[dev]'
 	touch $@
 
+# `make run PORT=8001 HOST=0.0.0.0`: where the API listens (the clients read the same PAGEDQ_PORT/HOST).
 run: setup
-	$(VENV)/bin/pagedq up
+	$(if $(PORT),PAGEDQ_PORT=$(PORT)) $(if $(HOST),PAGEDQ_HOST=$(HOST)) $(VENV)/bin/pagedq up
 
 lint: setup
 	$(VENV)/bin/ruff check .

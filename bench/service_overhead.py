@@ -97,10 +97,12 @@ def start(command: str, settings: Settings, log: Path) -> subprocess.Popen[bytes
 
 
 def wait_ready(url: str, timeout: float = 120) -> None:
+    """The API answers and reaches its database and broker (no worker runs yet, so /readyz is a 503)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            if httpx.get(url + "/readyz").status_code == 200:
+            checks = httpx.get(url + "/readyz").json()["checks"]
+            if checks["database"] == checks["broker"] == "ok":
                 return
         except httpx.TransportError:
             pass

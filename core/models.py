@@ -2,12 +2,13 @@
 
 import os
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import JSON, DateTime, ForeignKey, Index, LargeBinary, String, Text, TypeDecorator
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.sql import ColumnElement
 
 from core.states import JobStatus
 
@@ -127,6 +128,11 @@ class Worker(Base):
     started_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     heartbeat_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     stats: Mapped[dict[str, float]] = mapped_column(JSONType, default=dict)
+
+    @classmethod
+    def alive(cls, heartbeat_timeout: float) -> ColumnElement[bool]:
+        """Live: heartbeated within ``PAGEDQ_HEARTBEAT_TIMEOUT``; a silent worker's jobs are requeued."""
+        return cls.heartbeat_at > utcnow() - timedelta(seconds=heartbeat_timeout)
 
 
 class File(Base):

@@ -69,7 +69,7 @@ def _broker_conf(settings: Settings) -> dict[str, Any]:
         }
         # Messages are files that survive a restart; remote control needs a real broker.
         return {
-            "broker_url": "filesystem://",
+            "broker_url": "filesystem://localhost/",  # a host, so kombu does not warn of its absence
             "broker_transport_options": options,
             "worker_enable_remote_control": False,
         }

@@ -22,9 +22,10 @@ class Settings(BaseSettings):
     broker_url: str = ""  # default: filesystem://<data_dir>/broker (no server)
     model: str = "smollm2-135m-instruct"  # a Hugging Face directory or the built-in default
     log_level: str = "INFO"
+    log_format: Literal["auto", "json", "text"] = "auto"  # auto: text lines on a terminal, else JSON lines
 
     # The API (``api_url`` is where the ``pagedq submit|jobs`` client finds it).
-    api_url: str = "http://127.0.0.1:8000"
+    api_url: str = ""  # default: http://<host>:<port>
     host: str = "127.0.0.1"
     port: int = 8000
     api_workers: int = 1  # API processes sharing the port; each is one core's worth of submissions
@@ -77,6 +78,17 @@ class Settings(BaseSettings):
     @property
     def resolved_worker_status_file(self) -> Path:
         return self.worker_status_file or self.data_dir / "worker-status.json"
+
+    @property
+    def listen_url(self) -> str:
+        """The API this machine serves at ``host`` and ``port`` (a wildcard host is reached on loopback)."""
+        host = "127.0.0.1" if self.host in ("", "0.0.0.0", "::") else self.host
+        return f"http://{f'[{host}]' if ':' in host else host}:{self.port}"
+
+    @property
+    def resolved_api_url(self) -> str:
+        """Where clients find the API: ``api_url``, else ``listen_url``."""
+        return self.api_url or self.listen_url
 
     @property
     def broker_kind(self) -> Literal["filesystem", "other"]:

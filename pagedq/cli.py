@@ -2,13 +2,11 @@
 
 import argparse
 import json
-import logging
 import os
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pythonjsonlogger.json import JsonFormatter
+from pagedq.logs import configure_logging
 
 if TYPE_CHECKING:
     from core.settings import Settings
@@ -17,15 +15,8 @@ if TYPE_CHECKING:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    configure_logging(os.environ.get("PAGEDQ_LOG_LEVEL", "INFO"))
+    configure_logging(os.environ.get("PAGEDQ_LOG_LEVEL", "INFO"), os.environ.get("PAGEDQ_LOG_FORMAT", "auto"))
     return args.func(args)
-
-
-def configure_logging(level: str) -> None:
-    """JSON lines on stderr, one object per record."""
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter("{asctime}{levelname}{name}{message}", style="{"))
-    logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -67,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
         "($PAGEDQ_WORKER_STATUS_FILE) "
         "and exit 0 if it is healthy, 1 if not (a healthcheck)",
     )
+    worker.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)  # `pagedq up` hears of readiness
     worker.set_defaults(func=run_service, service="worker")
     webhooks = commands.add_parser("webhooks", help="send webhooks: signed, retried, recorded")
     webhooks.set_defaults(func=run_service, service="webhooks")
@@ -78,6 +70,11 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("--wait", action="store_true", help="wait for every job and write its result")
     submit.add_argument("--out", type=Path, help="write the JSONL (ids, or results with --wait) here")
     submit.add_argument("--concurrency", type=positive, default=16, help="requests in flight at once")
+    submit.add_argument(
+        "--new",
+        action="store_true",
+        help="run every line again: without it, re-submitting a file returns the jobs it made before",
+    )
     submit.add_argument(
         "--batch",
         action="store_true",
@@ -101,7 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
     listing.add_argument("--json", action="store_true", help="print one JSON object per job")
     jobs.set_defaults(func=run_jobs)
     for client in (submit, get, cancel, listing):
-        client.add_argument("--url", help="the API; default: $PAGEDQ_API_URL or http://127.0.0.1:8000")
+        client.add_argument(
+            "--url", help="the API; default: $PAGEDQ_API_URL, else http://$PAGEDQ_HOST:$PAGEDQ_PORT"
+        )
     return parser
 
 
@@ -157,21 +156,20 @@ def run_fetch_model(args: argparse.Namespace) -> int:
 
 def run_service(args: argparse.Namespace) -> int:
     from core.settings import Settings
-    from pagedq import serve
+    from pagedq import serve, up
 
     overrides = {k: v for k in ("host", "port") if (v := getattr(args, k, None)) is not None}
     settings = Settings(**overrides)
     if getattr(args, "check", False):
         return check_worker(settings)
     services = {
-        "up": serve.up,
+        "up": up.up,
         "api": serve.serve_api,
-        "worker": serve.serve_worker,
+        "worker": lambda settings: serve.serve_worker(settings, args.ready_fd),
         "webhooks": serve.serve_webhooks,
         "migrate": serve.migrate,
     }
-    services[args.service](settings)
-    return 0
+    return services[args.service](settings) or 0
 
 
 def check_worker(settings: "Settings") -> int:
@@ -189,7 +187,9 @@ def run_submit(args: argparse.Namespace) -> int:
         from pagedq.batch import submit_batch
 
         return submit_batch(args.file, api_url(args), endpoint=args.endpoint, out=args.out)
-    return submit_file(args.file, api_url(args), wait=args.wait, out=args.out, concurrency=args.concurrency)
+    return submit_file(
+        args.file, api_url(args), wait=args.wait, out=args.out, concurrency=args.concurrency, new=args.new
+    )
 
 
 def run_jobs(args: argparse.Namespace) -> int:
@@ -203,4 +203,4 @@ def run_jobs(args: argparse.Namespace) -> int:
 def api_url(args: argparse.Namespace) -> str:
     from core.settings import Settings
 
-    return args.url or Settings().api_url
+    return args.url or Settings().resolved_api_url

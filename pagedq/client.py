@@ -7,9 +7,9 @@ errors become one line on stderr, never a traceback.
 import functools
 import hashlib
 import json
-import logging
 import sys
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -26,8 +26,6 @@ Json = dict[str, Any]
 TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
 RETRYABLE = frozenset({502, 503, 504})
 POLL_SECONDS = 0.5
-
-logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per request otherwise
 
 
 class ApiError(Exception):
@@ -54,8 +52,11 @@ class Api:
     def __exit__(self, *exc: object) -> None:
         self.http.close()
 
-    def submit(self, body: Json, idempotency_key: str) -> Json:
-        return self.call("POST", "/v1/jobs", json=body, headers={"Idempotency-Key": idempotency_key})
+    def submit(self, body: Json, idempotency_key: str) -> tuple[Json, bool]:
+        """The job, and whether this request made it (202) rather than found it by its key (200)."""
+        headers = {"Idempotency-Key": idempotency_key}
+        response = self.request("POST", "/v1/jobs", json=body, headers=headers)
+        return response.json(), response.status_code == 202
 
     def get(self, job_id: str) -> Json:
         return self.call("GET", f"/v1/jobs/{quote(job_id, safe='')}")
@@ -68,17 +69,18 @@ class Api:
         return self.call("GET", "/v1/jobs", params=params)
 
     def call(self, method: str, path: str, **kwargs: Any) -> Json:
+        return self.request(method, path, **kwargs).json()
+
+    def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        """``send``, re-sent up to ``retries`` times on network errors and 502/503/504."""
         for attempt in range(self.retries):
             try:
-                return self._call(method, path, **kwargs)
+                return self.send(method, path, **kwargs)
             except ApiError as error:
                 if error.status and error.status not in RETRYABLE:
                     raise
             time.sleep(0.5 * 2**attempt)
-        return self._call(method, path, **kwargs)
-
-    def _call(self, method: str, path: str, **kwargs: Any) -> Json:
-        return self.send(method, path, **kwargs).json()
+        return self.send(method, path, **kwargs)
 
     def send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         """The successful response, else ``ApiError``."""
@@ -174,6 +176,7 @@ class Entry:
     line: int
     body: Json
     job: Json | None = None
+    created: bool = False  # False: an earlier run of the same file made the job
     refusal: str | None = None
 
     @property
@@ -245,24 +248,36 @@ def _parse(raw: bytes) -> Json | str:
 
 
 @reports_errors
-def submit_file(path: Path, url: str, *, wait: bool, out: Path | None, concurrency: int) -> int:
+def submit_file(
+    path: Path, url: str, *, wait: bool, out: Path | None, concurrency: int, new: bool = False
+) -> int:
     """Submits every line of ``path``; with ``wait``, waits for them all and writes their results.
 
-    Re-running the same command submits nothing twice: each line's Idempotency-Key is the file's hash and
-    the line number, so the API answers with the job it made the first time.
+    Re-running the same command submits nothing twice (and says so): each line's Idempotency-Key is the
+    file's hash and the line number, so the API answers with the job it made the first time. ``new``
+    adds a fresh nonce to the keys: every line runs again.
     """
     try:
         entries, digest = read_entries(path)
     except InputError as error:
         print(error, file=sys.stderr)
         return 2
+    if batch_lines(entries):
+        print(
+            f"pagedq: {path} holds OpenAI batch request lines (custom_id, method, url, body), not job "
+            f"bodies: run it as one batch with `pagedq submit {path} --batch`",
+            file=sys.stderr,
+        )
+        return 2
     if out is not None and not out.parent.is_dir():
         print(f"pagedq: {out.parent}: no such directory for --out", file=sys.stderr)
         return 2
     started = time.monotonic()
+    key_prefix = f"pagedq-{digest[:32]}" + (f"-{uuid.uuid4().hex}" if new else "")
     with Api(url, concurrency, retries=3) as api, _threads(concurrency) as pool:
         try:
-            _submit_all(api, pool, entries, f"pagedq-{digest[:32]}")
+            _submit_all(api, pool, entries, key_prefix)
+            _say_if_submitted_before(entries, wait)
             if wait:
                 _wait(api, pool, entries, started)
         except KeyboardInterrupt:
@@ -293,9 +308,25 @@ def _submit_all(api: Api, pool: ThreadPoolExecutor, entries: list[Entry], key_pr
     list(tqdm(sent, total=len(entries), desc="submitting", unit="job", leave=False, dynamic_ncols=True))
 
 
+def batch_lines(entries: list[Entry]) -> bool:
+    """Every line is an OpenAI batch request line, which ``--batch`` takes."""
+    return all({"custom_id", "body"} <= entry.body.keys() for entry in entries)
+
+
+def _say_if_submitted_before(entries: list[Entry], wait: bool) -> None:
+    jobs = [entry for entry in entries if entry.job]
+    if earlier := sum(not entry.created for entry in jobs):
+        showing = "their results" if wait else "their job ids"
+        print(
+            f"pagedq: {earlier} of {len(jobs)} lines were submitted before (same file); showing {showing}; "
+            "`--new` to run them again",
+            file=sys.stderr,
+        )
+
+
 def _submit(api: Api, entry: Entry, idempotency_key: str) -> None:
     try:
-        entry.job = api.submit(entry.body, idempotency_key)
+        entry.job, entry.created = api.submit(entry.body, idempotency_key)
     except ApiError as error:
         if not 400 <= error.status < 500:
             raise

@@ -92,4 +92,4 @@ def db(service_settings: Settings) -> Iterator[Database]:
 @pytest.fixture(autouse=True)
 def _keep_pytest_logging(monkeypatch: pytest.MonkeyPatch) -> None:
     """``pagedq.cli.main`` would point the root logger at one test's captured stderr, for every later test."""
-    monkeypatch.setattr(cli, "configure_logging", lambda level: None)
+    monkeypatch.setattr(cli, "configure_logging", lambda *_: None)

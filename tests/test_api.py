@@ -431,6 +431,30 @@ def test_prefer_wait_answers_202_when_the_job_is_not_done_in_time(
     assert 0.4 <= time.monotonic() - start < 3
 
 
+def test_prefer_wait_that_runs_out_returns_the_job_as_it_is_then(
+    client: TestClient, db: sessionmaker[Session]
+) -> None:
+    """Not the snapshot taken at submission: a worker claimed it meanwhile and has written partial output."""
+    job_ids: list[str] = []
+
+    def start_running() -> None:
+        while not job_ids:
+            with db() as session:
+                job_ids.extend(session.scalars(select(Job.id)))
+            time.sleep(0.01)
+        _set(db, job_ids[0], status="running", attempt=1, output_text="The fox", started_at=utcnow())
+
+    runner = threading.Thread(target=start_running)
+    runner.start()
+    response = client.post("/v1/jobs", json={"prompt": PROMPT}, headers={"Prefer": "wait=0.5"})
+    runner.join()
+
+    assert response.status_code == 202, response.text
+    job = response.json()
+    assert (job["status"], job["attempt"], job["output"]) == ("running", 1, "The fox")
+    assert job["timings"]["started_at"] is not None
+
+
 def test_prefer_wait_is_capped_by_max_wait_seconds(service_settings: Settings) -> None:
     capped = _changed(service_settings, {"max_wait_seconds": 0.2})
     with _client(capped) as client:
@@ -445,11 +469,30 @@ def test_prefer_wait_is_capped_by_max_wait_seconds(service_settings: Settings) -
 # --- operations ---
 
 
-def test_health_and_readiness(client: TestClient) -> None:
+def test_ready_only_while_a_live_worker_serves_the_model(
+    client: TestClient, db: sessionmaker[Session], service_settings: Settings
+) -> None:
     assert client.get("/healthz").json() == {"status": "ok"}
+    model = service_settings.served_model_name
+    no_worker = f"failed: no worker serving {model} has heartbeated in the last 3 s"
+
+    response = client.get("/readyz")
+    assert response.status_code == 503
+    assert response.json() == {
+        "status": "unavailable",
+        "checks": {"database": "ok", "broker": "ok", "worker": no_worker},
+    }
+
+    with db.begin() as session:
+        session.add(Worker(id="other:1", model="another-model", heartbeat_at=utcnow()))
+        session.add(Worker(id="silent:1", model=model, heartbeat_at=utcnow() - timedelta(seconds=4)))
+    assert client.get("/readyz").json()["checks"]["worker"] == no_worker
+
+    with db.begin() as session:
+        session.add(Worker(id="live:1", model=model, heartbeat_at=utcnow()))
     response = client.get("/readyz")
     assert response.status_code == 200
-    assert response.json() == {"status": "ok", "checks": {"database": "ok", "broker": "ok"}}
+    assert response.json() == {"status": "ok", "checks": {"database": "ok", "broker": "ok", "worker": "ok"}}
 
 
 @pytest.mark.parametrize(

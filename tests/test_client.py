@@ -126,3 +126,52 @@ def test_an_unreachable_api_is_a_one_line_error(capsys):
     err = capsys.readouterr().err
     assert err.startswith(f"pagedq: cannot reach the API at http://127.0.0.1:{port}: ")
     assert err.count("\n") == 1
+
+
+def test_a_rerun_says_its_lines_were_submitted_before_and_new_runs_them_again(api_url, tmp_path, capsys):
+    jobs = jsonl(tmp_path / "jobs.jsonl", [body(0), body(1)])
+    assert cli.main(["submit", str(jobs), "--url", api_url]) == 0
+    first = capsys.readouterr()
+    assert "submitted before" not in first.err
+
+    assert cli.main(["submit", str(jobs), "--url", api_url]) == 0
+    again = capsys.readouterr()
+    assert again.out == first.out
+    assert (
+        "pagedq: 2 of 2 lines were submitted before (same file); showing their job ids; "
+        "`--new` to run them again"
+    ) in again.err
+
+    assert cli.main(["submit", str(jobs), "--new", "--url", api_url]) == 0
+    renewed = capsys.readouterr()
+    assert "submitted before" not in renewed.err
+    ids = {json.loads(line)["id"] for line in (first.out + renewed.out).splitlines()}
+    assert len(ids) == 4
+
+
+def test_a_batch_file_without_batch_is_refused_with_the_flag_to_use(api_url, tmp_path, capsys):
+    line = {"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": {"prompt": "hi"}}
+    jobs = jsonl(tmp_path / "batch.jsonl", [line, line | {"custom_id": "b"}])
+    assert cli.main(["submit", str(jobs), "--url", api_url]) == 2
+    err = capsys.readouterr().err
+    assert "holds OpenAI batch request lines (custom_id, method, url, body)" in err
+    assert f"`pagedq submit {jobs} --batch`" in err
+    assert all_job_ids(api_url, capsys) == []
+
+
+@pytest.mark.parametrize(
+    ("env", "url"),
+    [
+        ({}, "http://127.0.0.1:8000"),
+        ({"PAGEDQ_PORT": "8001"}, "http://127.0.0.1:8001"),
+        ({"PAGEDQ_HOST": "0.0.0.0", "PAGEDQ_PORT": "8002"}, "http://127.0.0.1:8002"),
+        ({"PAGEDQ_HOST": "::1"}, "http://[::1]:8000"),
+        ({"PAGEDQ_PORT": "8001", "PAGEDQ_API_URL": "http://api.example:9000"}, "http://api.example:9000"),
+    ],
+)
+def test_clients_find_the_api_where_make_run_put_it(monkeypatch, env, url):
+    for name in ("PAGEDQ_HOST", "PAGEDQ_PORT", "PAGEDQ_API_URL"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert cli.api_url(cli.build_parser().parse_args(["jobs", "list"])) == url

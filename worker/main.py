@@ -4,14 +4,17 @@ Celery runs with the threads pool: there is no fork, so CUDA is initialised once
 and every job in flight feeds the same engine.
 """
 
+import json
 import logging
 import os
+import signal
 import socket
 import threading
+from typing import Any
 
 from celery import Celery
 from celery.exceptions import Reject
-from celery.signals import worker_shutting_down
+from celery.signals import worker_ready, worker_shutting_down
 
 from core.db import make_engine, make_sessionmaker
 from core.queue import RUN_JOB_TASK, make_celery, publish_job, queue_depth, queue_name
@@ -57,7 +60,21 @@ def register_run_job(app: Celery, host: EngineHost) -> None:
             raise Reject("shut down before the job's result could be written", requeue=True)
 
 
-def run_worker(settings: Settings) -> None:
+def engine_facts(engine: LLMEngine) -> dict[str, Any]:
+    """What a person starting the service wants to see: where the model runs and how much KV it holds."""
+    runner = engine.runner
+    return {
+        "device": str(runner.device),
+        "dtype": str(runner.dtype).removeprefix("torch."),
+        "kv_cache_blocks": runner.num_blocks,
+        "kv_cache_bytes": runner.kv_cache_bytes,
+        "max_model_len": engine.max_model_len,
+    }
+
+
+def run_worker(settings: Settings, ready_fd: int | None = None) -> None:
+    """Serves the model's queue until a signal; once it consumes, says so in a log record and, with
+    ``ready_fd`` (``pagedq up``), as one JSON line on that file descriptor."""
     worker_id = f"{socket.gethostname()}:{os.getpid()}"
     queue = queue_name(settings.served_model_name)
     app = make_celery(settings)
@@ -92,15 +109,39 @@ def run_worker(settings: Settings) -> None:
         BatchKeeper(store.sessions, outbox),
     )
     stop_reconciling = threading.Event()
-    worker_shutting_down.connect(lambda **_: host.drain(settings.shutdown_grace), weak=False)
+
+    now = threading.Event()
+
+    def drain(**_: object) -> None:  # Celery's warm shutdown: SIGTERM, or Ctrl-C
+        host.drain(0.0 if now.is_set() else settings.shutdown_grace)
+
+    def stop_now(*_: object) -> None:  # SIGUSR2: requeue what still runs at once (`pagedq up`'s 2nd Ctrl-C)
+        now.set()
+        host.drain(0.0)
+        signal.raise_signal(signal.SIGTERM)  # and stop consuming, if no SIGTERM came before
+
+    def ready(**_: object) -> None:
+        facts = {"worker_id": worker_id, "model": settings.served_model_name, "queue": queue}
+        facts |= engine_facts(host.engine)
+        logger.info("worker ready", extra=facts)
+        if ready_fd is not None:
+            # `pagedq up` owns Ctrl-C (Celery would take a second one for a cold shutdown, which its
+            # threads pool cannot do): it stops the API, then sends SIGTERM, then SIGUSR2 for "now".
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            with os.fdopen(ready_fd, "w") as announce:
+                announce.write(json.dumps(facts) + "\n")
+
+    worker_shutting_down.connect(drain, weak=False)
+    signal.signal(signal.SIGUSR2, stop_now)
+    worker_ready.connect(ready, weak=False)
     host.start()
     threading.Thread(
         target=reconciler.run, args=(settings.reconcile_interval, stop_reconciling), daemon=True
     ).start()
-    logger.info("worker ready", extra={"worker_id": worker_id, "queue": queue})
     try:
         app.worker_main(
             [
+                "--quiet",  # no banner: the "worker ready" record says what matters
                 "worker",
                 "--pool=threads",
                 f"--concurrency={settings.jobs_held_per_worker}",

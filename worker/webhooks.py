@@ -313,6 +313,7 @@ def run_webhooks(settings: Settings) -> None:
     try:
         app.worker_main(
             [
+                "--quiet",  # no banner
                 "worker",
                 "--pool=threads",
                 f"--concurrency={THREADS}",

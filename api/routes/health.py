@@ -1,13 +1,14 @@
-"""The operator's endpoints: liveness, readiness (database and broker), Prometheus metrics."""
+"""The operator's endpoints: liveness, readiness (database, broker, a live worker), Prometheus metrics."""
 
 from collections.abc import Callable
 
 from fastapi import APIRouter, Response
 from prometheus_client import CONTENT_TYPE_LATEST
-from sqlalchemy import text
+from sqlalchemy import exists, select, text
 
 from api.deps import Service, ServiceDep
 from api.schemas import Health, Readiness
+from core.models import Worker
 
 router = APIRouter(tags=["operations"])
 
@@ -21,19 +22,29 @@ def healthz() -> Health:
 
 @router.get(
     "/readyz",
-    summary="The database and the broker answer",
-    responses={503: {"model": Readiness, "description": "A dependency does not answer; `checks` says which"}},
+    summary="The service can run jobs: the database and the broker answer and a live worker serves the model",
+    responses={503: {"model": Readiness, "description": "Not ready; `checks` says what is missing"}},
 )
 def readyz(response: Response, service: ServiceDep) -> Readiness:
-    checks = {"database": _check(_ping_database, service), "broker": _check(_ping_broker, service)}
+    checks = {
+        "database": _check(_ping_database, service),
+        "broker": _check(_ping_broker, service),
+        "worker": _check(_find_live_worker, service),
+    }
     ready = all(result == "ok" for result in checks.values())
     response.status_code = 200 if ready else 503
     return Readiness(status="ok" if ready else "unavailable", checks=checks)
 
 
+class NotReady(Exception):
+    """A check that ran and found the service not ready; its message is the reason."""
+
+
 def _check(ping: Callable[[Service], None], service: Service) -> str:
     try:
         ping(service)
+    except NotReady as reason:
+        return f"failed: {reason}"
     except Exception as error:
         first_line = next(iter(str(error).splitlines()), "")
         return f"failed: {type(error).__name__}: {first_line}"
@@ -48,6 +59,14 @@ def _ping_database(service: Service) -> None:
 def _ping_broker(service: Service) -> None:
     with service.celery.connection_for_write(connect_timeout=BROKER_TIMEOUT) as connection:
         connection.ensure_connection(max_retries=1, interval_start=0, timeout=BROKER_TIMEOUT)
+
+
+def _find_live_worker(service: Service) -> None:
+    model, timeout = service.settings.served_model_name, service.settings.heartbeat_timeout
+    live = exists().where(Worker.model == model, Worker.alive(timeout))
+    with service.engine.connect() as connection:
+        if not connection.scalar(select(live)):
+            raise NotReady(f"no worker serving {model} has heartbeated in the last {timeout:g} s")
 
 
 @router.get(

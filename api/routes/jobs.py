@@ -39,7 +39,8 @@ Prefer = Annotated[
     Header(
         alias="Prefer",
         description="`wait=N`: hold the answer up to N seconds (capped by the server's max_wait_seconds) "
-        "and return the finished job with 200 if it finishes by then, else 202.",
+        "and return the finished job with 200 if it finishes by then, else 202 with the job as it is "
+        "then (running, its attempt and partial output).",
     ),
 ]
 
@@ -84,8 +85,10 @@ async def submit_job(
 
 
 async def _wait_for(service: Service, job: Job, seconds: float) -> Job:
-    if job.status in TERMINAL or not await service.waiter.wait(job.id, seconds):
+    """The job as it is once it finishes or ``seconds`` pass: finished, or running with its partial output."""
+    if job.status in TERMINAL:
         return job
+    await service.waiter.wait(job.id, seconds)
     return await run_in_threadpool(jobs.get, service, job.id)
 
 

@@ -2,6 +2,8 @@
 
 import itertools
 import logging
+import math
+import mmap
 import os
 import time
 from dataclasses import dataclass
@@ -37,6 +39,15 @@ def resolve_dtype(name: str, model_config: ModelConfig, device: torch.device) ->
     return native if native in (torch.float16, torch.bfloat16) else torch.bfloat16
 
 
+def zeroed(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A zero-filled KV pool: attention reads the unwritten tail of a sequence's last block, which must
+    hold finite values. On CPU it is anonymous memory, which the kernel hands out as zero pages only when
+    first touched, so the pool costs RAM as blocks are used rather than all at once at start."""
+    if device.type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    return torch.frombuffer(mmap.mmap(-1, math.prod(shape) * dtype.itemsize), dtype=dtype).view(shape)
+
+
 @dataclass
 class StepInputs:
     input_ids: torch.Tensor
@@ -63,26 +74,31 @@ class ModelRunner:
 
     def _num_kv_blocks(self, model_config: ModelConfig) -> int:
         block_bytes = model_config.kv_bytes_per_token(self.dtype) * self.block_size
-        budget = self.config.kv_cache_bytes or self._default_kv_budget()
+        budget = self.config.kv_cache_bytes or self._default_kv_budget(block_bytes)
         num_blocks = int(budget // block_bytes)
         if num_blocks < 1:
             raise ValueError(
                 f"KV cache budget of {budget} bytes holds no {self.block_size}-token block "
                 f"({block_bytes} bytes each); raise kv_cache_bytes or gpu_memory_utilization"
             )
+        self.kv_cache_bytes = num_blocks * block_bytes
         logger.info(
             "KV cache: %d blocks of %d tokens (%.2f GiB)",
             num_blocks,
             self.block_size,
-            num_blocks * block_bytes / 2**30,
+            self.kv_cache_bytes / 2**30,
+            extra={"kv_cache_blocks": num_blocks, "kv_cache_bytes": self.kv_cache_bytes},
         )
         return num_blocks
 
-    def _default_kv_budget(self) -> int:
+    def _default_kv_budget(self, block_bytes: int) -> int:
+        """CUDA: the memory left after a profiled step. CPU: every seat's full context, at most
+        ``DEFAULT_CPU_KV_BYTES`` and a fifth of RAM."""
         if self.device.type == "cuda":
             return self._profile_free_cuda_memory()
+        usable = self.config.max_num_seqs * -(-self.max_model_len // self.block_size) * block_bytes
         ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        return min(DEFAULT_CPU_KV_BYTES, ram // 5)
+        return min(usable, DEFAULT_CPU_KV_BYTES, ram // 5)
 
     @torch.inference_mode()
     def _profile_free_cuda_memory(self) -> int:
@@ -146,7 +162,7 @@ class ModelRunner:
             model_config.num_kv_heads,
             model_config.head_dim,
         )
-        pool = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        pool = zeroed(shape, self.dtype, self.device)
         return [(pool[0, i], pool[1, i]) for i in range(model_config.num_layers)]
 
     def _capture_decode_graphs(self) -> DecodeGraphs | None:
