@@ -47,7 +47,8 @@ class Settings(BaseSettings):
     # Webhooks (Standard Webhooks), sent by ``pagedq webhooks`` from their own queue.
     webhook_url: str = ""  # a global endpoint for every event; jobs and batches may name their own
     webhook_secret: str = ""  # whsec_…; default: generated once into <data_dir>/webhook_secret
-    webhook_allow_private: bool = False  # allow URLs resolving to loopback, private or link-local addresses
+    webhook_allow_private: bool = False  # allow URLs in special-purpose ranges (loopback, private, …)
+    webhook_resolve_timeout: float = 3.0  # seconds a webhook URL's host may take to resolve
     webhook_timeout: float = 10.0
     webhook_max_attempts: int = 8
     webhook_backoff_base: float = 1.0  # seconds before the first retry; doubles each time, capped, jittered
