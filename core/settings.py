@@ -59,6 +59,7 @@ class Settings(BaseSettings):
     flush_interval: float = 0.8  # partial output and cancellations: under a second apart
     heartbeat_timeout: float = 30.0  # a worker silent this long is dead; its jobs are requeued
     heartbeat_interval: float | None = None  # default: heartbeat_timeout / 6; also the worker gauges' age
+    max_attempts: int = 3  # runs a job may start; if its worker dies (or drains) in the last, it fails
     requeue_after: float = 30.0  # a queued job this old with an empty broker queue is republished
     reconcile_interval: float = 5.0
     shutdown_grace: float = 30.0  # on SIGTERM, running jobs get this long before they are requeued

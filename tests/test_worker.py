@@ -7,12 +7,13 @@ from pathlib import Path
 
 import pytest
 import redis
+from sqlalchemy import select
 
-from core.models import storable
+from core.models import WebhookDelivery, storable
 from core.queue import queue_name
 from core.settings import Settings
 from tests.jobs_client import Database, api_client, start_worker, submit
-from tests.services import Process, wait_for
+from tests.services import Process, service_env, wait_for
 from worker.engine import LLM, SamplingParams
 
 PROMPTS = [f"The quick brown fox {i} jumps over" for i in range(100)]
@@ -101,6 +102,28 @@ def test_killed_worker_loses_no_job_and_every_job_succeeds_once(service_settings
     assert [job.output_text for job in jobs] == greedy(service_settings, prompts, 48)
     assert all(job.completion_tokens == 48 == len(job.token_times_ms) for job in jobs)
     assert {j.id for j in jobs if j.attempt == 2} >= killed_running
+
+
+def test_a_job_that_kills_its_worker_fails_after_max_attempts_with_its_webhook_event(
+    service_settings, db, workers, tmp_path
+):
+    settings = service_settings.model_copy(update={"max_attempts": 1, "webhook_allow_private": True})
+    pair = [Process(["worker"], service_env(settings), tmp_path / f"worker{i}.log") for i in range(2)]
+    workers.extend(pair)  # started side by side: one runs the job, the other's reconciler finds it orphaned
+    wait_for(lambda: all(db.worker_stats(w.popen.pid) for w in pair), 120, "both workers to register")
+    with api_client(settings) as client:
+        job_id = submit(
+            client, prompt=PROMPTS[0], max_tokens=900, ignore_eos=True, webhook_url="http://127.0.0.1:9/"
+        )
+    wait_for(lambda: db.jobs([job_id])[0].completion_tokens > 0, 60, "the job to start")
+    owner = db.jobs([job_id])[0].worker_id or ""
+    [running] = [w for w in pair if owner.endswith(f":{w.popen.pid}")]
+    running.kill()  # as a job that crashes its worker would; it was the job's last allowed attempt
+    [job] = db.wait_until([job_id], {"failed"}, timeout=30)
+    assert job.attempt == 1 and job.error.startswith("abandoned by 1 workers (PAGEDQ_MAX_ATTEMPTS=1)")
+    with db.sessions() as session:
+        events = session.scalars(select(WebhookDelivery.event_type).where(WebhookDelivery.job_id == job_id))
+        assert list(events) == ["job.failed"]
 
 
 def test_sigterm_requeues_jobs_that_outlast_the_grace_period(service_settings, db, workers, tmp_path):

@@ -62,7 +62,8 @@ def run_worker(settings: Settings) -> None:
         publish_job(app, job_id, queue, priority)
 
     outbox = Outbox(settings, app)  # job ends become webhook deliveries, published by the flusher thread
-    store = JobStore(make_sessionmaker(make_engine(settings)), settings.served_model_name, outbox)
+    sessions = make_sessionmaker(make_engine(settings))
+    store = JobStore(sessions, settings.served_model_name, outbox, settings.max_attempts)
     url = streams_url(settings)
     streamer = TokenStreamer(url) if url else None
     host = EngineHost(
