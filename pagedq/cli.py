@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from pythonjsonlogger.json import JsonFormatter
+from core.logs import log_formatter
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -18,9 +18,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def configure_logging(level: str) -> None:
-    """JSON lines on stderr, one object per record."""
+    """JSON lines on stderr, one object per record, user content and secrets redacted."""
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter("{asctime}{levelname}{name}{message}", style="{"))
+    handler.setFormatter(log_formatter())
     logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
 
 

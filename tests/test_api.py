@@ -479,7 +479,7 @@ def test_job_routes_answer_503_while_the_database_is_down(service_settings: Sett
     with _client(down) as client:
         response = client.get("/v1/jobs/job_x")
 
-    assert response.status_code == 503
+    assert response.status_code == 503 and response.headers["retry-after"] == "5"
     assert response.json() == {"detail": "the database is unavailable; retry later"}
 
 
