@@ -8,6 +8,7 @@ from sqlalchemy import update
 
 from core.db import make_engine, make_sessionmaker
 from core.models import Job, Worker, utcnow
+from core.queue import celery_priority, priorities_at
 from core.settings import Settings
 from core.states import JobStatus
 from worker.store import JobStore, Progress
@@ -105,13 +106,18 @@ def test_a_job_abandoned_on_its_last_allowed_attempt_fails_instead_of_looping(st
     assert get(store, drained).status == JobStatus.FAILED
 
 
-def test_only_queued_jobs_past_their_publish_age_are_republished(store: JobStore) -> None:
-    old, new = add_job(store), add_job(store)
+def test_only_queued_jobs_of_the_probed_step_past_their_publish_age_are_republished(store: JobStore) -> None:
+    old, new, urgent = add_job(store), add_job(store), add_job(store)
     with store.sessions.begin() as session:
         minute_ago = utcnow() - timedelta(seconds=60)
-        session.execute(update(Job).where(Job.id == old).values(published_at=minute_ago))
-    assert store.republish_due(older_than=30) == [(old, 0)]
-    assert store.republish_due(older_than=30) == []  # stamped: not again until it ages
+        session.execute(update(Job).where(Job.id.in_([old, urgent])).values(published_at=minute_ago))
+        session.execute(update(Job).where(Job.id == urgent).values(priority=-100))
+    before = utcnow() - timedelta(seconds=30)
+    assert store.waiting_priorities(before) == {0, -100}
+    assert priorities_at(celery_priority(0)) == (-11, 11)
+    assert store.republish_due(before, priorities_at(celery_priority(0))) == [(old, 0)]
+    assert store.republish_due(before, priorities_at(celery_priority(0))) == []  # stamped: not again
+    assert store.waiting_priorities(before) == {-100}
     assert get(store, new).status == JobStatus.QUEUED
 
 

@@ -1,6 +1,8 @@
 """The worker against the real PostgreSQL, Redis and Celery: results, batching, cancellation, faults."""
 
 import signal
+import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -159,6 +161,39 @@ def test_queued_job_whose_message_was_lost_is_republished(service_settings, db, 
     spawn(service_settings, db, workers, tmp_path)
     [job] = db.wait_until([job_id], {"succeeded"}, timeout=60)
     assert job.attempt == 1
+
+
+def test_a_lost_message_is_republished_while_the_queue_never_drains(service_settings, db, workers, tmp_path):
+    broker = redis.Redis.from_url(service_settings.resolved_broker_url)
+    queue = queue_name(service_settings.served_model_name)
+    with api_client(service_settings) as client:
+        lost = submit(client, prompt=PROMPTS[0], max_tokens=8)
+        assert broker.delete(*broker.keys(queue + "*")) >= 1  # its message is gone
+        depths: list[int] = []
+        stop = threading.Event()
+
+        def keep_a_backlog() -> None:  # the one-seat worker never catches up
+            while not stop.is_set():
+                depth = sum(broker.llen(key) for key in broker.keys(queue + "*"))
+                depths.append(depth)
+                if depth < 6:
+                    submit(client, prompt=PROMPTS[len(depths) % 50], max_tokens=8, ignore_eos=True)
+                else:
+                    time.sleep(0.05)
+
+        with ThreadPoolExecutor(1) as pool:
+            feeding = pool.submit(keep_a_backlog)
+            wait_for(lambda: len(depths) > 0 and depths[-1] >= 6, 30, "a backlog")
+            spawn(service_settings, db, workers, tmp_path, max_num_seqs=1)
+            watched_from = len(depths)
+            try:
+                [job] = db.wait_until([lost], {"succeeded"}, timeout=90)
+            finally:
+                stop.set()
+                feeding.result()
+    assert job.attempt == 1
+    assert min(depths[watched_from:]) > 0, "the queue drained; the test proves nothing"
+    assert job.published_at is not None and job.published_at > job.queued_at  # republished
 
 
 def test_a_beam_search_job_returns_every_beam_best_first(service_settings, db, workers, tmp_path):

@@ -8,13 +8,14 @@ import logging
 import os
 import socket
 import threading
+from datetime import datetime
 
 from celery import Celery
 from celery.exceptions import Reject
 from celery.signals import worker_shutting_down
 
 from core.db import make_engine, make_sessionmaker
-from core.queue import RUN_JOB_TASK, make_celery, publish_job, queue_depth, queue_name
+from core.queue import PROBE_QUEUE_TASK, RUN_JOB_TASK, make_celery, publish_job, publish_probe, queue_name
 from core.settings import Settings
 from core.streams import streams_url
 from core.webhooks import Outbox
@@ -53,6 +54,12 @@ def register_run_job(app: Celery, host: EngineHost) -> None:
             raise Reject("the worker is shutting down", requeue=True)
 
 
+def register_probe_queue(app: Celery, reconciler: Reconciler) -> None:
+    @app.task(name=PROBE_QUEUE_TASK)
+    def probe_queue(step: int, published_before: str) -> None:
+        reconciler.republish_lost(step, datetime.fromisoformat(published_before))
+
+
 def run_worker(settings: Settings) -> None:
     worker_id = f"{socket.gethostname()}:{os.getpid()}"
     queue = queue_name(settings.served_model_name)
@@ -79,11 +86,12 @@ def run_worker(settings: Settings) -> None:
     reconciler = Reconciler(
         store,
         publish,
-        lambda: queue_depth(app, queue),
+        lambda step, before: publish_probe(app, queue, step, before.isoformat()),
         settings.heartbeat_timeout,
         settings.requeue_after,
         BatchKeeper(store.sessions, outbox),
     )
+    register_probe_queue(app, reconciler)
     stop_reconciling = threading.Event()
     worker_shutting_down.connect(lambda **_: host.drain(settings.shutdown_grace), weak=False)
     host.start()

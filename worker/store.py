@@ -259,17 +259,23 @@ class JobStore:
         self._publish(deliveries)
         return [(job_id, priority) for job_id, priority in rows]
 
-    def republish_due(self, older_than: float) -> list[tuple[str, int]]:
-        """Queued jobs last published over ``older_than`` seconds ago: stamp them and return them."""
-        now = utcnow()
+    def _waiting_since(self, published_before: datetime) -> tuple[Any, ...]:
+        published = or_(Job.published_at.is_(None), Job.published_at < published_before)
+        return (Job.model == self.model, Job.status == JobStatus.QUEUED, published)
+
+    def waiting_priorities(self, published_before: datetime) -> set[int]:
+        """The priorities of queued jobs last published before ``published_before``."""
+        with self.sessions() as session:
+            query = select(Job.priority).where(*self._waiting_since(published_before)).distinct()
+            return set(session.scalars(query))
+
+    def republish_due(self, published_before: datetime, priorities: tuple[int, int]) -> list[tuple[str, int]]:
+        """Queued jobs with a priority in ``priorities`` (lowest, highest), last published before
+        ``published_before``: stamp them published now and return them, to be published again."""
         statement = (
             update(Job)
-            .where(
-                Job.model == self.model,
-                Job.status == JobStatus.QUEUED,
-                or_(Job.published_at.is_(None), Job.published_at < now - timedelta(seconds=older_than)),
-            )
-            .values(published_at=now)
+            .where(*self._waiting_since(published_before), Job.priority.between(*priorities))
+            .values(published_at=utcnow())
             .returning(Job.id, Job.priority)
         )
         with self.sessions.begin() as session:
