@@ -17,7 +17,7 @@ from api.prompts import PromptError
 from core.models import Job, utcnow
 from core.spec import JobSpec
 from core.states import TERMINAL, JobStatus
-from core.webhooks import WebhookRefused, destination, publish_deliveries, record_event
+from core.webhooks import WebhookRefused, checked_address, publish_deliveries, record_event
 
 logger = logging.getLogger(__name__)
 
@@ -82,7 +82,7 @@ def check_webhook_url(service: Service, url: str) -> None:
     sender resolves and checks again, as DNS can change). Blocks for the lookup: run it in a thread."""
     settings = service.settings
     try:
-        destination(url, settings.webhook_allow_private, settings.webhook_resolve_timeout)
+        checked_address(url, settings.webhook_allow_private, settings.webhook_resolve_timeout)
     except WebhookRefused as refused:
         raise invalid(("body", "webhook_url"), str(refused), "webhook_url_refused") from None
     except OSError as error:

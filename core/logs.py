@@ -21,12 +21,8 @@ _QUOTED_DATA = re.compile(r"(?P<label>(?:DETAIL|CONTEXT):)[^\n]*")
 _PYDANTIC_INPUT = re.compile(r"input_value=.*?, input_type=")
 
 
-def redact_url(url: str) -> str:
-    """``url`` without userinfo (``user:password@``) and without its query string or fragment."""
-    return _URL.sub(_bare_url, url)
-
-
 def redact(text: str) -> str:
+    """``text`` with every URL's userinfo and query string, quoted rows and echoed inputs replaced."""
     text = _URL.sub(_bare_url, text)
     text = _QUOTED_DATA.sub(rf"\g<label> {REDACTED}", text)
     return _PYDANTIC_INPUT.sub(f"input_value={REDACTED}, input_type=", text)

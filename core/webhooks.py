@@ -167,16 +167,7 @@ class WebhookRefused(ValueError):
     """A webhook URL that may not be used: not http(s), or its host is in a special-purpose range."""
 
 
-@dataclass(frozen=True)
-class Destination:
-    """Where a webhook goes: the URL's host and port, and the one checked address to connect to."""
-
-    host: str
-    port: int
-    address: Address
-
-
-def destination(url: str, allow_private: bool, resolve_timeout: float) -> Destination:
+def checked_address(url: str, allow_private: bool, resolve_timeout: float) -> Address:
     """Resolve ``url``'s host once and check every address it has; the sender connects to the one returned.
 
     Raises ``WebhookRefused`` for a scheme other than http(s) and (unless ``allow_private``) a host that
@@ -198,7 +189,7 @@ def destination(url: str, allow_private: bool, resolve_timeout: float) -> Destin
                 f"range: {special}; webhooks go only to public addresses unless "
                 "PAGEDQ_WEBHOOK_ALLOW_PRIVATE=true"
             )
-    return Destination(parts.hostname, port, addresses[0])
+    return addresses[0]
 
 
 _resolver = ThreadPoolExecutor(8, thread_name_prefix="webhook-resolve")

@@ -11,7 +11,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from api.app import create_app
-from core.logs import log_formatter, redact, redact_url
+from core.logs import log_formatter, redact
 from core.settings import Settings
 
 SECRETS = ("prompt-secret-456", "meta-secret-123", "tok-secret-789", "pw-secret-000")
@@ -70,10 +70,10 @@ def test_a_database_error_on_a_submission_logs_no_user_content_or_secret(
 
 
 def test_urls_lose_userinfo_and_query_and_quoted_rows_are_dropped() -> None:
-    assert redact_url("https://u:p@hooks.example.com:8443/a/b?token=x#f") == (
-        "https://[redacted]@hooks.example.com:8443/a/b?[redacted]"
+    assert redact("to https://u:p@hooks.example.com:8443/a/b?token=x#f failed") == (
+        "to https://[redacted]@hooks.example.com:8443/a/b?[redacted] failed"
     )
-    assert redact_url("http://example.com/plain") == "http://example.com/plain"
+    assert redact("http://example.com/plain") == "http://example.com/plain"
     text = redact(
         "IntegrityError: duplicate key\nDETAIL:  Key (idempotency_key)=(k-123) already exists.\n"
         "[SQL: INSERT ...] while posting to postgresql+psycopg://app:hunter2@db/pagedq\n"

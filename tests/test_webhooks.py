@@ -32,7 +32,7 @@ from core.models import Batch, File, Job, WebhookDelivery, Worker, utcnow
 from core.settings import Settings
 from core.special_addresses import IPV4_SPECIAL, IPV6_SPECIAL, Address, SpecialRange, special_range
 from core.states import JobStatus
-from core.webhooks import Destination, Outbox, WebhookRefused, destination, record_event
+from core.webhooks import Outbox, WebhookRefused, checked_address, record_event
 from tests.jobs_client import Database, api_client, start_worker, submit
 from tests.services import Process, service_env, wait_for
 from worker.store import JobStore, Progress
@@ -595,11 +595,9 @@ def test_every_special_purpose_address_is_refused_unless_private_ones_are_allowe
     for address in first_and_last(special):
         host = f"[{address}]" if address.version == 6 else str(address)
         with pytest.raises(WebhookRefused, match="special-purpose range") as refused:
-            destination(f"https://{host}/hook", allow_private=False, resolve_timeout=1)
+            checked_address(f"https://{host}/hook", allow_private=False, resolve_timeout=1)
         assert "PAGEDQ_WEBHOOK_ALLOW_PRIVATE" in str(refused.value)
-        assert destination(f"https://{host}:8443/hook", allow_private=True, resolve_timeout=1) == Destination(
-            str(address), 8443, address
-        )
+        assert checked_address(f"https://{host}/hook", allow_private=True, resolve_timeout=1) == address
 
 
 @pytest.mark.parametrize("special", IPV4_SPECIAL, ids=str)
@@ -611,27 +609,27 @@ def test_ipv4_special_addresses_are_refused_in_their_ipv6_forms(special):
         for form in (mapped, nat64, six_to_four):
             assert special_range(form) is not None, form
             with pytest.raises(WebhookRefused):
-                destination(f"http://[{form}]/", allow_private=False, resolve_timeout=1)
+                checked_address(f"http://[{form}]/", allow_private=False, resolve_timeout=1)
         assert special_range(mapped) == special_range(nat64) == special_range(address)
 
 
 def test_carrier_grade_nat_and_cloud_metadata_addresses_are_refused():
     for host in ("100.100.100.200", "100.64.0.1", "[::ffff:100.100.100.200]", "[fd00:ec2::254]"):
         with pytest.raises(WebhookRefused, match=r"Shared Address Space|Unique-Local"):
-            destination(f"http://{host}/latest/meta-data", allow_private=False, resolve_timeout=1)
+            checked_address(f"http://{host}/latest/meta-data", allow_private=False, resolve_timeout=1)
 
 
 @pytest.mark.parametrize(
     "host", ["93.184.215.14", "[::ffff:93.184.215.14]", "[64:ff9b::5db8:d70e]", "[2606:4700::1]"]
 )
 def test_public_addresses_and_their_ipv6_forms_are_accepted(host):
-    target = destination(f"https://{host}/hook", allow_private=False, resolve_timeout=1)
-    assert special_range(target.address) is None and target.port == 443
+    address = checked_address(f"https://{host}/hook", allow_private=False, resolve_timeout=1)
+    assert special_range(address) is None and str(address) == host.strip("[]")
 
 
 def test_urls_that_are_not_http_or_do_not_resolve_are_refused():
     for url in ("file:///etc/passwd", "ftp://example.com/x", "http:///no-host"):
         with pytest.raises(WebhookRefused, match="http"):
-            destination(url, allow_private=True, resolve_timeout=1)
+            checked_address(url, allow_private=True, resolve_timeout=1)
     with pytest.raises(OSError):
-        destination("http://no-such-host.invalid/", allow_private=True, resolve_timeout=1)
+        checked_address("http://no-such-host.invalid/", allow_private=True, resolve_timeout=1)

@@ -31,7 +31,7 @@ from core.db import make_engine, make_sessionmaker
 from core.models import WebhookDelivery, utcnow
 from core.queue import DELIVER_WEBHOOK_TASK, make_celery
 from core.settings import Settings
-from core.webhooks import WebhookRefused, destination, publish_deliveries
+from core.webhooks import WebhookRefused, checked_address, publish_deliveries
 
 logger = logging.getLogger("pagedq.webhooks")
 
@@ -244,7 +244,7 @@ class Sender:
         """
         at = utcnow()
         try:
-            target = destination(
+            address = checked_address(
                 claim.url, self.settings.webhook_allow_private, self.settings.webhook_resolve_timeout
             )
         except WebhookRefused as refused:
@@ -267,7 +267,7 @@ class Sender:
             "webhook-signature": sign(self.secret, claim.id, timestamp, body),
         }
         tls = {"sni_hostname": url.raw_host.decode("ascii")} if url.scheme == "https" else {}
-        pinned = url.copy_with(host=str(target.address))
+        pinned = url.copy_with(host=str(address))
         start = time.monotonic()
         try:
             with self.client.stream(
