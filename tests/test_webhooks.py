@@ -633,3 +633,11 @@ def test_urls_that_are_not_http_or_do_not_resolve_are_refused():
             checked_address(url, allow_private=True, resolve_timeout=1)
     with pytest.raises(OSError):
         checked_address("http://no-such-host.invalid/", allow_private=True, resolve_timeout=1)
+
+
+def test_a_slow_dns_answer_is_given_up_on_within_the_timeout(monkeypatch):
+    monkeypatch.setattr(socket, "getaddrinfo", lambda *args, **kwargs: time.sleep(3) or [])
+    start = time.monotonic()
+    with pytest.raises(TimeoutError, match=r"no answer within 0\.2 s"):
+        checked_address("https://slow.example/hook", allow_private=False, resolve_timeout=0.2)
+    assert time.monotonic() - start < 1.5
