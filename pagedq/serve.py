@@ -121,7 +121,7 @@ def _env_for(settings: Settings) -> dict[str, str]:
 def _stop_when_child_dies(name: str, child: subprocess.Popen[bytes], api_stopping: threading.Event) -> None:
     code = child.wait()
     if code != 0 and not api_stopping.is_set():  # 0: it drained on a signal that reaches the API too
-        logger.error("a child process exited; stopping the API", extra={"process": name, "exit_code": code})
+        logger.error("a child process exited; stopping the API", extra={"child": name, "exit_code": code})
         os.kill(os.getpid(), signal.SIGTERM)
 
 
