@@ -466,7 +466,7 @@ def test_readiness_names_the_dependency_that_is_down(
     with _client(down) as client:
         response = client.get("/readyz")
 
-    assert response.status_code == 503
+    assert response.status_code == 503 and response.headers["retry-after"] == "5"
     body = response.json()
     assert body["status"] == "unavailable"
     working = ({"database", "broker"} - {failing}).pop()
