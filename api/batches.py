@@ -21,7 +21,7 @@ from api.batch_check import BadLines, CheckedLine
 from api.batch_lines import LineError
 from api.bulk_insert import insert_jobs
 from api.deps import Service
-from api.errors import invalid
+from api.errors import invalid, unavailable
 from api.files import file_not_found
 from api.jobs import check_webhook_url
 from api.openai_schemas import BatchIn, BatchOut
@@ -58,7 +58,7 @@ def create(service: Service, request: BatchIn) -> BatchOut:
     except BadLines as bad:
         _fail(service, batch, bad.errors)
     except BrokenProcessPool:
-        raise HTTPException(503, "a process checking the file's lines died; retry the request") from None
+        raise unavailable("a process checking the file's lines died; retry the request") from None
     logger.info(
         "batch created",
         extra={

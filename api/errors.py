@@ -17,6 +17,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 logger = logging.getLogger(__name__)
 OPENAI_ROUTES = ("/v1/files", "/v1/batches")
+RETRY_LATER = {"Retry-After": "5"}  # on every 503: seconds a client should wait before it retries
+
+
+def unavailable(message: str) -> HTTPException:
+    """A 503 for a dependency that is briefly away; clients are told when to retry."""
+    return HTTPException(503, message, headers=RETRY_LATER)
 
 
 def invalid(loc: tuple[str, ...], message: str, kind: str) -> RequestValidationError:
@@ -72,9 +78,10 @@ def _concise(error: dict[str, Any]) -> dict[str, Any]:
     return {"type": error["type"], "loc": loc, "msg": message}
 
 
-async def _database_down(request: Request, error: Exception) -> JSONResponse:
-    logger.error("database error on %s %s: %s", request.method, request.url.path, error)
-    return JSONResponse({"detail": "the database is unavailable; retry later"}, status_code=503)
+async def _database_down(request: Request, error: Exception) -> Response:
+    where = {"method": request.method, "path": request.url.path}
+    logger.error("database unavailable", extra=where | {"error": str(error)})  # no parameters: core/db.py
+    return await _http_error(request, unavailable("the database is unavailable; retry later"))
 
 
 async def _internal(request: Request, error: Exception) -> JSONResponse:

@@ -3,6 +3,7 @@
 import hashlib
 import json
 import logging
+from urllib.parse import urlsplit
 
 from fastapi import HTTPException
 from sqlalchemy import select, update
@@ -16,7 +17,7 @@ from api.prompts import PromptError
 from core.models import Job, utcnow
 from core.spec import JobSpec
 from core.states import TERMINAL, JobStatus
-from core.webhooks import publish_deliveries, record_event, url_refusal
+from core.webhooks import WebhookRefused, checked_address, publish_deliveries, record_event
 
 logger = logging.getLogger(__name__)
 
@@ -77,14 +78,17 @@ def _new_job(service: Service, spec: JobSpec, idempotency_key: str | None) -> Jo
 
 
 def check_webhook_url(service: Service, url: str) -> None:
-    """Refuse a URL that is, or resolves now to, a private address (the sender checks again, as DNS can
-    change); a host that does not resolve now is accepted."""
+    """Refuse a URL whose host does not resolve now, or is or resolves to a special-purpose address (the
+    sender resolves and checks again, as DNS can change). Blocks for the lookup: run it in a thread."""
+    settings = service.settings
     try:
-        refusal = url_refusal(url, service.settings.webhook_allow_private)
-    except OSError:
-        return
-    if refusal is not None:
-        raise invalid(("body", "webhook_url"), refusal, "webhook_url_refused")
+        checked_address(url, settings.webhook_allow_private, settings.webhook_resolve_timeout)
+    except WebhookRefused as refused:
+        raise invalid(("body", "webhook_url"), str(refused), "webhook_url_refused") from None
+    except OSError as error:
+        host = urlsplit(url).hostname
+        message = f"webhook URL host {host!r} does not resolve ({error.strerror or error})"
+        raise invalid(("body", "webhook_url"), message, "webhook_url_unresolvable") from None
 
 
 def request_hash(spec: JobSpec) -> str:

@@ -9,13 +9,17 @@ from core.settings import Settings
 
 
 def make_engine(settings: Settings) -> Engine:
+    """``hide_parameters``: a statement's parameters (prompts, metadata, webhook URLs) are never part of an
+    exception's message, and so never of a log line."""
     url = settings.resolved_database_url
     if url.startswith("sqlite"):
         settings.data_dir.mkdir(parents=True, exist_ok=True)
-        engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
+        engine = create_engine(
+            url, connect_args={"timeout": 30, "check_same_thread": False}, hide_parameters=True
+        )
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
-    return create_engine(url, pool_size=10, max_overflow=20, pool_pre_ping=True)
+    return create_engine(url, pool_size=10, max_overflow=20, pool_pre_ping=True, hide_parameters=True)
 
 
 def _sqlite_pragmas(connection: Any, _record: Any) -> None:

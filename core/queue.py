@@ -13,6 +13,7 @@ from celery import Celery
 from core.settings import Settings
 
 RUN_JOB_TASK = "pagedq.run_job"
+PROBE_QUEUE_TASK = "pagedq.probe_queue"  # a marker behind one priority step's messages (worker/reconciler.py)
 DELIVER_WEBHOOK_TASK = "pagedq.deliver_webhook"  # routed to settings.webhook_queue, `pagedq webhooks`
 CELERY_PRIORITIES = 10  # Redis priority steps 0 (first) .. 9
 
@@ -26,6 +27,13 @@ def celery_priority(job_priority: int) -> int:
     """Job priority -100 (first) .. 100 onto the broker's 0 (first) .. 9."""
     clamped = min(max(job_priority, -100), 100)
     return (clamped + 100) * (CELERY_PRIORITIES - 1) // 200
+
+
+def priorities_at(step: int) -> tuple[int, int]:
+    """The job priorities (lowest, highest) whose messages travel at broker priority ``step``."""
+    members = [p for p in range(-100, 101) if celery_priority(p) == step]
+    lowest = -(2**31) if step == 0 else min(members)  # priorities beyond ±100 are clamped onto the ends
+    return lowest, 2**31 - 1 if step == CELERY_PRIORITIES - 1 else max(members)
 
 
 def make_celery(settings: Settings) -> Celery:
@@ -85,6 +93,12 @@ def _broker_conf(settings: Settings) -> dict[str, Any]:
 
 def publish_job(app: Celery, job_id: str, queue: str, priority: int) -> None:
     app.send_task(RUN_JOB_TASK, args=[job_id], queue=queue, priority=celery_priority(priority))
+
+
+def publish_probe(app: Celery, queue: str, step: int, published_before: str) -> None:
+    """A probe behind ``step``'s messages: when it is consumed, every job message of that step published
+    before ``published_before`` (ISO time) has been consumed too; a job among them still queued lost its."""
+    app.send_task(PROBE_QUEUE_TASK, args=[step, published_before], queue=queue, priority=step)
 
 
 def publish_jobs(app: Celery, job_ids: list[str], queue: str, priority: int) -> None:

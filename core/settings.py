@@ -48,7 +48,8 @@ class Settings(BaseSettings):
     # Webhooks (Standard Webhooks), sent by ``pagedq webhooks`` from their own queue.
     webhook_url: str = ""  # a global endpoint for every event; jobs and batches may name their own
     webhook_secret: str = ""  # whsec_…; default: generated once into <data_dir>/webhook_secret
-    webhook_allow_private: bool = False  # allow URLs resolving to loopback, private or link-local addresses
+    webhook_allow_private: bool = False  # allow URLs in special-purpose ranges (loopback, private, …)
+    webhook_resolve_timeout: float = 3.0  # seconds a webhook URL's host may take to resolve
     webhook_timeout: float = 10.0
     webhook_max_attempts: int = 8
     webhook_backoff_base: float = 1.0  # seconds before the first retry; doubles each time, capped, jittered
@@ -59,6 +60,7 @@ class Settings(BaseSettings):
     flush_interval: float = 0.8  # partial output and cancellations: under a second apart
     heartbeat_timeout: float = 30.0  # a worker silent this long is dead; its jobs are requeued
     heartbeat_interval: float | None = None  # default: heartbeat_timeout / 6; also the worker gauges' age
+    max_attempts: int = 3  # runs a job may start; if its worker dies (or drains) in the last, it fails
     requeue_after: float = 30.0  # a queued job this old with an empty broker queue is republished
     reconcile_interval: float = 5.0
     shutdown_grace: float = 30.0  # on SIGTERM, running jobs get this long before they are requeued

@@ -10,6 +10,8 @@ import ipaddress
 import logging
 import socket
 import time
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 from urllib.parse import urlsplit
@@ -21,6 +23,7 @@ from sqlalchemy.orm import Session
 from core.models import Batch, Job, WebhookDelivery, new_delivery_id, time_ordered_id
 from core.queue import DELIVER_WEBHOOK_TASK
 from core.settings import Settings
+from core.special_addresses import Address, special_range
 from core.states import JobStatus
 
 logger = logging.getLogger(__name__)
@@ -29,16 +32,6 @@ JobEvent = Literal["job.succeeded", "job.failed", "job.cancelled"]
 BatchEvent = Literal["batch.completed", "batch.failed", "batch.cancelled", "batch.expired"]
 JOB_EVENTS: frozenset[str] = frozenset(get_args(JobEvent))
 BATCH_EVENTS: frozenset[str] = frozenset(get_args(BatchEvent))
-
-# What a webhook URL's host may not resolve to, unless ``webhook_allow_private``.
-BLOCKED_KINDS = (
-    "unspecified",
-    "loopback",
-    "link_local",
-    "multicast",
-    "reserved",
-    "private",
-)  # most specific first
 
 
 def record_event(
@@ -170,43 +163,51 @@ class Outbox:
         publish_deliveries(self.celery, delivery_ids)
 
 
-def url_refusal(url: str, allow_private: bool) -> str | None:
-    """Why webhooks may not go to ``url``, or None if they may.
+class WebhookRefused(ValueError):
+    """A webhook URL that may not be used: not http(s), or its host is in a special-purpose range."""
 
-    Refused: a scheme other than http(s), and (unless ``allow_private``) a host that is, or resolves to,
-    a loopback, private, link-local, multicast, reserved or unspecified address. Raises ``OSError`` when
-    the host does not resolve.
+
+def checked_address(url: str, allow_private: bool, resolve_timeout: float) -> Address:
+    """Resolve ``url``'s host once and check every address it has; the sender connects to the one returned.
+
+    Raises ``WebhookRefused`` for a scheme other than http(s) and (unless ``allow_private``) a host that
+    is, or resolves to, an address in a special-purpose range (``core/special_addresses.py``); ``OSError``
+    when the host does not resolve within ``resolve_timeout`` seconds.
     """
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        return f"webhook URL must be http:// or https:// with a host, got {url!r}"
-    if allow_private:
-        return None
-    for address in _addresses(parts.hostname, parts.port):
-        if kind := _blocked_kind(address):
-            return (
-                f"webhook URL {url!r} points at {address} ({kind} address); webhooks go only to public "
-                "addresses unless PAGEDQ_WEBHOOK_ALLOW_PRIVATE=true"
+        raise WebhookRefused("webhook URL must be http:// or https:// with a host")
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError as error:
+        raise WebhookRefused(f"webhook URL has a bad port: {error}") from None
+    addresses = resolve(parts.hostname, port, resolve_timeout)
+    for address in [] if allow_private else addresses:
+        if special := special_range(address):
+            raise WebhookRefused(
+                f"webhook URL host {parts.hostname!r} is or resolves to an address in a special-purpose "
+                f"range: {special}; webhooks go only to public addresses unless "
+                "PAGEDQ_WEBHOOK_ALLOW_PRIVATE=true"
             )
-    return None
+    return addresses[0]
 
 
-Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+_resolver = ThreadPoolExecutor(8, thread_name_prefix="webhook-resolve")
 
 
-def _addresses(host: str, port: int | None) -> list[Address]:
+def resolve(host: str, port: int, timeout: float) -> list[Address]:
+    """The addresses of ``host`` (itself, for an IP literal), from ``getaddrinfo`` in a thread of its
+    own so that a slow DNS server holds the caller ``timeout`` seconds at most."""
     try:
         return [ipaddress.ip_address(host)]
     except ValueError:
         pass
-    infos = socket.getaddrinfo(host, port or 443, type=socket.SOCK_STREAM)
+    lookup = _resolver.submit(socket.getaddrinfo, host, port, type=socket.SOCK_STREAM)
+    try:
+        infos = lookup.result(timeout)
+    except FutureTimeout:
+        lookup.cancel()
+        raise TimeoutError(f"no answer within {timeout:g} s") from None
+    if not infos:
+        raise socket.gaierror(f"{host!r} has no address")
     return [ipaddress.ip_address(str(info[4][0]).split("%", 1)[0]) for info in infos]
-
-
-def _blocked_kind(address: Address) -> str | None:
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped
-    for kind in BLOCKED_KINDS:
-        if getattr(address, f"is_{kind}"):
-            return kind.replace("_", "-")
-    return None

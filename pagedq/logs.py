@@ -1,5 +1,6 @@
-"""How every pagedq process logs: JSON lines for machines, short lines for a person at a terminal, and
-without the chatter of libraries nobody asked to hear (migrations applied, Celery's per-task lines)."""
+"""How every pagedq process logs: JSON lines for machines, short lines for a person at a terminal, both
+redacted (``core/logs.py``), and without the chatter of libraries nobody asked to hear (migrations
+applied, Celery's per-task lines)."""
 
 import logging
 import sys
@@ -7,7 +8,8 @@ import warnings
 from datetime import datetime
 
 from pythonjsonlogger.core import RESERVED_ATTRS
-from pythonjsonlogger.json import JsonFormatter
+
+from core.logs import log_formatter, redact
 
 QUIET_LIBRARIES = ("alembic", "celery", "kombu", "httpx")  # WARNING and up, unless PAGEDQ_LOG_LEVEL=DEBUG
 NOT_FIELDS = frozenset(RESERVED_ATTRS) | {"taskName", "color_message", "message", "asctime"}
@@ -17,8 +19,7 @@ def configure_logging(level: str, log_format: str = "auto") -> None:
     """Records on stderr: JSON lines, or short text lines (``auto``: text when stderr is a terminal)."""
     text = log_format == "text" or (log_format == "auto" and sys.stderr.isatty())
     handler = logging.StreamHandler(sys.stderr)
-    json_lines = JsonFormatter("{asctime}{levelname}{name}{message}", style="{")
-    handler.setFormatter(TextFormatter() if text else json_lines)
+    handler.setFormatter(TextFormatter() if text else log_formatter())
     logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
     if logging.getLogger().level > logging.DEBUG:
         for name in QUIET_LIBRARIES:
@@ -39,4 +40,4 @@ class TextFormatter(logging.Formatter):
         line = f"{when} {level}{record.getMessage()}{fields}"
         if record.exc_info:
             line += "\n" + self.formatException(record.exc_info)
-        return line
+        return redact(line)

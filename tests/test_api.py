@@ -509,7 +509,7 @@ def test_readiness_names_the_dependency_that_is_down(
     with _client(down) as client:
         response = client.get("/readyz")
 
-    assert response.status_code == 503
+    assert response.status_code == 503 and response.headers["retry-after"] == "5"
     body = response.json()
     assert body["status"] == "unavailable"
     working = ({"database", "broker"} - {failing}).pop()
@@ -522,7 +522,7 @@ def test_job_routes_answer_503_while_the_database_is_down(service_settings: Sett
     with _client(down) as client:
         response = client.get("/v1/jobs/job_x")
 
-    assert response.status_code == 503
+    assert response.status_code == 503 and response.headers["retry-after"] == "5"
     assert response.json() == {"detail": "the database is unavailable; retry later"}
 
 

@@ -8,6 +8,7 @@ from sqlalchemy import update
 
 from core.db import make_engine, make_sessionmaker
 from core.models import Job, Worker, utcnow
+from core.queue import celery_priority, priorities_at
 from core.settings import Settings
 from core.states import JobStatus
 from worker.store import JobStore, Progress
@@ -84,13 +85,39 @@ def test_orphan_with_a_pending_cancel_ends_cancelled_not_requeued(store: JobStor
     assert get(store, job_id).status == JobStatus.CANCELLED
 
 
-def test_only_queued_jobs_past_their_publish_age_are_republished(store: JobStore) -> None:
-    old, new = add_job(store), add_job(store)
+def test_a_job_abandoned_on_its_last_allowed_attempt_fails_instead_of_looping(store: JobStore) -> None:
+    store.max_attempts = 2
+    orphan, drained = add_job(store), add_job(store)
+    for worker in ("w1", "w2"):
+        assert store.claim(orphan, worker) is not None
+        store.heartbeat(worker, {})
+        with store.sessions.begin() as session:  # the worker dies mid-run
+            session.execute(update(Worker).values(heartbeat_at=utcnow() - timedelta(minutes=5)))
+        requeued = store.requeue_orphans(heartbeat_timeout=30)
+        assert requeued == ([(orphan, 0)] if worker == "w1" else [])
+    job = get(store, orphan)
+    assert (job.status, job.attempt, job.worker_id) == (JobStatus.FAILED, 2, None)
+    assert job.error is not None and job.error.startswith("abandoned by 2 workers (PAGEDQ_MAX_ATTEMPTS=2)")
+
+    first = store.claim(drained, "w3")
+    assert first is not None and store.requeue(drained, first.attempt) == 0  # a drain gives it back
+    last = store.claim(drained, "w3")
+    assert last is not None and store.requeue(drained, last.attempt) is None
+    assert get(store, drained).status == JobStatus.FAILED
+
+
+def test_only_queued_jobs_of_the_probed_step_past_their_publish_age_are_republished(store: JobStore) -> None:
+    old, new, urgent = add_job(store), add_job(store), add_job(store)
     with store.sessions.begin() as session:
         minute_ago = utcnow() - timedelta(seconds=60)
-        session.execute(update(Job).where(Job.id == old).values(published_at=minute_ago))
-    assert store.republish_due(older_than=30) == [(old, 0)]
-    assert store.republish_due(older_than=30) == []  # stamped: not again until it ages
+        session.execute(update(Job).where(Job.id.in_([old, urgent])).values(published_at=minute_ago))
+        session.execute(update(Job).where(Job.id == urgent).values(priority=-100))
+    before = utcnow() - timedelta(seconds=30)
+    assert store.waiting_priorities(before) == {0, -100}
+    assert priorities_at(celery_priority(0)) == (-11, 11)
+    assert store.republish_due(before, priorities_at(celery_priority(0))) == [(old, 0)]
+    assert store.republish_due(before, priorities_at(celery_priority(0))) == []  # stamped: not again
+    assert store.waiting_priorities(before) == {-100}
     assert get(store, new).status == JobStatus.QUEUED
 
 

@@ -7,6 +7,7 @@ real ``pagedq webhooks`` process (and a real ``pagedq worker`` where a job must 
 import base64
 import json
 import os
+import socket
 import stat
 import threading
 import time
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from ipaddress import IPv4Address, IPv6Address, ip_address
 from pathlib import Path
 from typing import Any
 
@@ -25,10 +27,12 @@ from fastapi.testclient import TestClient
 from openai import OpenAI
 from sqlalchemy import select, update
 
+import core.webhooks
 from core.models import Batch, File, Job, WebhookDelivery, Worker, utcnow
 from core.settings import Settings
+from core.special_addresses import IPV4_SPECIAL, IPV6_SPECIAL, Address, SpecialRange, special_range
 from core.states import JobStatus
-from core.webhooks import Outbox, record_event, url_refusal
+from core.webhooks import Outbox, WebhookRefused, checked_address, record_event
 from tests.jobs_client import Database, api_client, start_worker, submit
 from tests.services import Process, service_env, wait_for
 from worker.store import JobStore, Progress
@@ -55,12 +59,13 @@ class Received:
 class Receiver:
     """An HTTP endpoint answering each path from a script of (status, headers); 200 when none is left."""
 
-    def __init__(self) -> None:
+    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
         self.received: list[Received] = []
         self.scripts: dict[str, list[tuple[int, dict[str, str]]]] = {}
         self.delays: dict[str, float] = {}  # seconds a path takes to answer
+        self.words: dict[str, str] = {}  # a reason phrase and body a path answers with
         self.lock = threading.Lock()
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.server = ThreadingHTTPServer((host, port), self._handler())
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def _handler(self) -> type[BaseHTTPRequestHandler]:
@@ -75,11 +80,14 @@ class Receiver:
                     script = receiver.scripts.get(self.path) or [(200, {})]
                     status, extra = script.pop(0)
                 time.sleep(receiver.delays.get(self.path, 0.0))
-                self.send_response(status)
+                words = receiver.words.get(self.path)
+                self.send_response(status, words)
                 for key, value in extra.items():
                     self.send_header(key, value)
-                self.send_header("content-length", "0")
+                self.send_header("content-length", str(len(words.encode()) if words else 0))
                 self.end_headers()
+                if words:
+                    self.wfile.write(words.encode())
 
             def log_message(self, *args: object) -> None:
                 pass
@@ -275,6 +283,8 @@ def test_cancelling_a_queued_job_announces_it_to_the_endpoints_whose_events_incl
         "http://localhost:9/x",
         "http://[::1]/",
         "http://169.254.169.254/",
+        "http://100.100.100.200/",
+        "http://[::ffff:169.254.169.254]/",
     ],
 )
 def test_private_webhook_urls_are_refused_at_submission(service_settings, url):
@@ -304,8 +314,101 @@ def test_the_sender_refuses_a_private_address_once_without_retrying(settings, re
         [delivery] = settled(client, job_id)
     assert delivery["status"] == "failed", sender.log()[-3000:]
     [attempt] = delivery["attempts"]
-    assert attempt["status_code"] is None and "refused" in attempt["error"] and "loopback" in attempt["error"]
+    assert (attempt["status_code"], attempt["latency_ms"], attempt["error"]) == (None, 0, "refused")
     assert receiver.at("/private") == []
+    assert "Loopback (127.0.0.0/8, RFC 1122)" in sender.log()  # the why is the operator's, in the log
+
+
+def test_a_host_that_does_not_resolve_is_refused_at_submission_and_no_job_is_made(settings, db):
+    settings = settings.model_copy(update={"webhook_resolve_timeout": 1.0})
+    url = "https://hooks.no-such-host.invalid/x?token=abc"
+    line = {"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": {"prompt": "hi"}}
+    with api_client(settings) as client:
+        job = client.post("/v1/jobs", json={"prompt": "hi", "webhook_url": url})
+        file_id = client.post(
+            "/v1/files", files={"file": ("in.jsonl", json.dumps(line).encode())}, data={"purpose": "batch"}
+        ).json()["id"]
+        batch = client.post(
+            "/v1/batches",
+            json={
+                "input_file_id": file_id,
+                "endpoint": "/v1/completions",
+                "completion_window": "24h",
+                "webhook_url": url,
+            },
+        )
+    assert job.status_code == 422, job.text
+    [problem] = job.json()["detail"]
+    assert problem["loc"] == ["body", "webhook_url"] and problem["type"] == "webhook_url_unresolvable"
+    assert "'hooks.no-such-host.invalid' does not resolve" in problem["msg"]
+    assert batch.status_code == 422, batch.text
+    error = batch.json()["error"]
+    assert error["param"] == "webhook_url" and "does not resolve" in error["message"]
+    with db.sessions() as session:
+        assert session.scalars(select(Job.id)).all() == [] and session.scalars(select(Batch.id)).all() == []
+
+
+def job_with_webhook(db: Database, settings: Settings, url: str) -> str:
+    """A failed job whose job.failed delivery to ``url`` is recorded, as the worker would; its id."""
+    with db.sessions.begin() as session:
+        job = Job(model="tiny", prompt_token_ids=[1], params={}, status="failed", webhook_url=url)
+        session.add(job)
+        session.flush()
+        [delivery_id] = record_event(session, settings, "job.failed", job=job)
+    return delivery_id
+
+
+def test_the_sender_connects_to_the_address_it_checked_not_to_a_second_lookups(settings, db, monkeypatch):
+    """DNS rebinding: the host answers a public address to the check and a private one after. The resolver
+    is this process's ``getaddrinfo``; 127.0.0.1 stands for the public address, 127.0.0.2 for the private."""
+    checked = Receiver("127.0.0.1")
+    port = checked.server.server_port
+    rebound = Receiver("127.0.0.2", port)
+    lookups: list[str] = []
+    real_getaddrinfo = socket.getaddrinfo
+
+    def rebinding_dns(host: str, *args: Any, **kwargs: Any) -> list[Any]:
+        if host != "rebind.test":
+            return real_getaddrinfo(host, *args, **kwargs)
+        lookups.append(host)
+        address = "127.0.0.1" if len(lookups) == 1 else "127.0.0.2"
+        return [(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", (address, port))]
+
+    monkeypatch.setattr(socket, "getaddrinfo", rebinding_dns)
+    loopback = special_range(IPv4Address("127.0.0.2"))
+    monkeypatch.setattr(
+        core.webhooks, "special_range", lambda address: None if str(address) == "127.0.0.1" else loopback
+    )
+    settings = settings.model_copy(update={"webhook_allow_private": False})
+    delivery_id = job_with_webhook(db, settings, f"http://rebind.test:{port}/hook?token=t")
+    sender = Sender(db.sessions, settings, SECRET, lambda delivery, at: None)
+    try:
+        sender.deliver(delivery_id)
+    finally:
+        sender.close()
+        checked.close()
+        rebound.close()
+    [request] = checked.at("/hook?token=t")
+    assert request.headers["host"] == f"rebind.test:{port}" and rebound.received == []
+    assert lookups == ["rebind.test"]
+    standardwebhooks.Webhook(SECRET).verify(request.body, request.headers)
+
+
+def test_a_failed_delivery_records_no_words_of_the_endpoint(settings, db, receiver):
+    settings = settings.model_copy(update={"webhook_max_attempts": 1})
+    url = receiver.script("/leaky", (500, {}))
+    receiver.words["/leaky"] = "Traceback: db password=hunter2"
+    delivery_id = job_with_webhook(db, settings, url)
+    sender = Sender(db.sessions, settings, SECRET, lambda delivery, at: None)
+    sender.deliver(delivery_id)
+    sender.close()
+    with db.sessions() as session:
+        job_id = session.get_one(WebhookDelivery, delivery_id).job_id
+    with api_client(settings) as client:
+        response = client.get(f"/v1/jobs/{job_id}/webhook-deliveries")
+    [attempt] = response.json()["data"][0]["attempts"]
+    assert (attempt["status_code"], attempt["error"]) == (500, "HTTP 500") and attempt["latency_ms"] > 0
+    assert "hunter2" not in response.text and len(receiver.at("/leaky")) == 1
 
 
 def test_a_delivery_whose_message_was_lost_is_swept_and_sent(settings, receiver, db, processes, tmp_path):
@@ -483,28 +586,58 @@ def test_backoff_doubles_with_jitter_up_to_a_cap():
     assert backoff(40, 1.0) <= 3600.0
 
 
+def first_and_last(special: SpecialRange) -> list[Address]:
+    return [special.network[0], special.network[-1]]
+
+
+@pytest.mark.parametrize("special", IPV4_SPECIAL + IPV6_SPECIAL, ids=str)
+def test_every_special_purpose_address_is_refused_unless_private_ones_are_allowed(special):
+    for address in first_and_last(special):
+        host = f"[{address}]" if address.version == 6 else str(address)
+        with pytest.raises(WebhookRefused, match="special-purpose range") as refused:
+            checked_address(f"https://{host}/hook", allow_private=False, resolve_timeout=1)
+        assert "PAGEDQ_WEBHOOK_ALLOW_PRIVATE" in str(refused.value)
+        assert checked_address(f"https://{host}/hook", allow_private=True, resolve_timeout=1) == address
+
+
+@pytest.mark.parametrize("special", IPV4_SPECIAL, ids=str)
+def test_ipv4_special_addresses_are_refused_in_their_ipv6_forms(special):
+    for address in first_and_last(special):
+        mapped = IPv6Address(f"::ffff:{address}")
+        nat64 = IPv6Address(int(IPv6Address("64:ff9b::")) | int(address))
+        six_to_four = IPv6Address((0x2002 << 112) | (int(address) << 80))
+        for form in (mapped, nat64, six_to_four):
+            assert special_range(form) is not None, form
+            with pytest.raises(WebhookRefused):
+                checked_address(f"http://[{form}]/", allow_private=False, resolve_timeout=1)
+        assert special_range(mapped) == special_range(nat64) == special_range(address)
+
+
+def test_carrier_grade_nat_and_cloud_metadata_addresses_are_refused():
+    for host in ("100.100.100.200", "100.64.0.1", "[::ffff:100.100.100.200]", "[fd00:ec2::254]"):
+        with pytest.raises(WebhookRefused, match=r"Shared Address Space|Unique-Local"):
+            checked_address(f"http://{host}/latest/meta-data", allow_private=False, resolve_timeout=1)
+
+
 @pytest.mark.parametrize(
-    ("host", "kind"),
-    [
-        ("10.0.0.1", "private"),
-        ("192.168.1.20", "private"),
-        ("127.0.0.1", "loopback"),
-        ("[::1]", "loopback"),
-        ("169.254.169.254", "link-local"),
-        ("224.0.0.1", "multicast"),
-        ("0.0.0.0", "unspecified"),
-        ("[::ffff:10.0.0.1]", "private"),
-        ("240.0.0.1", "reserved"),
-        ("93.184.215.14", None),
-    ],
+    "host", ["93.184.215.14", "[::ffff:93.184.215.14]", "[64:ff9b::5db8:d70e]", "[2606:4700::1]"]
 )
-def test_url_refusal_by_address_kind(host, kind):
-    refusal = url_refusal(f"https://{host}/hook", allow_private=False)
-    assert (refusal is None) if kind is None else (refusal is not None and f"({kind} address)" in refusal)
-    assert url_refusal(f"https://{host}/hook", allow_private=True) is None
+def test_public_addresses_and_their_ipv6_forms_are_accepted(host):
+    address = checked_address(f"https://{host}/hook", allow_private=False, resolve_timeout=1)
+    assert special_range(address) is None and address == ip_address(host.strip("[]"))
 
 
-def test_url_refusal_of_schemes_and_unresolvable_hosts():
-    assert "http" in (url_refusal("file:///etc/passwd", allow_private=True) or "")
+def test_urls_that_are_not_http_or_do_not_resolve_are_refused():
+    for url in ("file:///etc/passwd", "ftp://example.com/x", "http:///no-host"):
+        with pytest.raises(WebhookRefused, match="http"):
+            checked_address(url, allow_private=True, resolve_timeout=1)
     with pytest.raises(OSError):
-        url_refusal("http://no-such-host.invalid/", allow_private=False)
+        checked_address("http://no-such-host.invalid/", allow_private=True, resolve_timeout=1)
+
+
+def test_a_slow_dns_answer_is_given_up_on_within_the_timeout(monkeypatch):
+    monkeypatch.setattr(socket, "getaddrinfo", lambda *args, **kwargs: time.sleep(3) or [])
+    start = time.monotonic()
+    with pytest.raises(TimeoutError, match=r"no answer within 0\.2 s"):
+        checked_address("https://slow.example/hook", allow_private=False, resolve_timeout=0.2)
+    assert time.monotonic() - start < 1.5

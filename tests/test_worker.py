@@ -1,18 +1,21 @@
 """The worker against the real PostgreSQL, Redis and Celery: results, batching, cancellation, faults."""
 
 import signal
+import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 import redis
+from sqlalchemy import select
 
-from core.models import storable
+from core.models import WebhookDelivery, storable
 from core.queue import queue_name
 from core.settings import Settings
 from tests.jobs_client import Database, api_client, start_worker, submit
-from tests.services import Process, wait_for
+from tests.services import Process, service_env, wait_for
 from worker.engine import LLM, SamplingParams
 
 PROMPTS = [f"The quick brown fox {i} jumps over" for i in range(100)]
@@ -103,6 +106,28 @@ def test_killed_worker_loses_no_job_and_every_job_succeeds_once(service_settings
     assert {j.id for j in jobs if j.attempt == 2} >= killed_running
 
 
+def test_a_job_that_kills_its_worker_fails_after_max_attempts_with_its_webhook_event(
+    service_settings, db, workers, tmp_path
+):
+    settings = service_settings.model_copy(update={"max_attempts": 1, "webhook_allow_private": True})
+    pair = [Process(["worker"], service_env(settings), tmp_path / f"worker{i}.log") for i in range(2)]
+    workers.extend(pair)  # started side by side: one runs the job, the other's reconciler finds it orphaned
+    wait_for(lambda: all(db.worker_stats(w.popen.pid) for w in pair), 120, "both workers to register")
+    with api_client(settings) as client:
+        job_id = submit(
+            client, prompt=PROMPTS[0], max_tokens=900, ignore_eos=True, webhook_url="http://127.0.0.1:9/"
+        )
+    wait_for(lambda: db.jobs([job_id])[0].completion_tokens > 0, 60, "the job to start")
+    owner = db.jobs([job_id])[0].worker_id or ""
+    [running] = [w for w in pair if owner.endswith(f":{w.popen.pid}")]
+    running.kill()  # as a job that crashes its worker would; it was the job's last allowed attempt
+    [job] = db.wait_until([job_id], {"failed"}, timeout=30)
+    assert job.attempt == 1 and job.error.startswith("abandoned by 1 workers (PAGEDQ_MAX_ATTEMPTS=1)")
+    with db.sessions() as session:
+        events = session.scalars(select(WebhookDelivery.event_type).where(WebhookDelivery.job_id == job_id))
+        assert list(events) == ["job.failed"]
+
+
 def test_sigterm_requeues_jobs_that_outlast_the_grace_period(service_settings, db, workers, tmp_path):
     first = spawn(service_settings, db, workers, tmp_path, shutdown_grace=0.5)
     with api_client(service_settings) as client:
@@ -136,6 +161,39 @@ def test_queued_job_whose_message_was_lost_is_republished(service_settings, db, 
     spawn(service_settings, db, workers, tmp_path)
     [job] = db.wait_until([job_id], {"succeeded"}, timeout=60)
     assert job.attempt == 1
+
+
+def test_a_lost_message_is_republished_while_the_queue_never_drains(service_settings, db, workers, tmp_path):
+    broker = redis.Redis.from_url(service_settings.resolved_broker_url)
+    queue = queue_name(service_settings.served_model_name)
+    with api_client(service_settings) as client:
+        lost = submit(client, prompt=PROMPTS[0], max_tokens=8)
+        assert broker.delete(*broker.keys(queue + "*")) >= 1  # its message is gone
+        depths: list[int] = []
+        stop = threading.Event()
+
+        def keep_a_backlog() -> None:  # the one-seat worker never catches up
+            while not stop.is_set():
+                depth = sum(broker.llen(key) for key in broker.keys(queue + "*"))
+                depths.append(depth)
+                if depth < 6:
+                    submit(client, prompt=PROMPTS[len(depths) % 50], max_tokens=8, ignore_eos=True)
+                else:
+                    time.sleep(0.05)
+
+        with ThreadPoolExecutor(1) as pool:
+            feeding = pool.submit(keep_a_backlog)
+            wait_for(lambda: len(depths) > 0 and depths[-1] >= 6, 30, "a backlog")
+            spawn(service_settings, db, workers, tmp_path, max_num_seqs=1)
+            watched_from = len(depths)
+            try:
+                [job] = db.wait_until([lost], {"succeeded"}, timeout=90)
+            finally:
+                stop.set()
+                feeding.result()
+    assert job.attempt == 1
+    assert min(depths[watched_from:]) > 0, "the queue drained; the test proves nothing"
+    assert job.published_at is not None and job.published_at > job.queued_at  # republished
 
 
 def test_a_beam_search_job_returns_every_beam_best_first(service_settings, db, workers, tmp_path):

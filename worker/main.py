@@ -10,6 +10,7 @@ import os
 import signal
 import socket
 import threading
+from datetime import datetime
 from typing import Any
 
 from celery import Celery
@@ -17,7 +18,7 @@ from celery.exceptions import Reject
 from celery.signals import worker_ready, worker_shutting_down
 
 from core.db import make_engine, make_sessionmaker
-from core.queue import RUN_JOB_TASK, make_celery, publish_job, queue_depth, queue_name
+from core.queue import PROBE_QUEUE_TASK, RUN_JOB_TASK, make_celery, publish_job, publish_probe, queue_name
 from core.settings import Settings
 from core.streams import streams_url
 from core.webhooks import Outbox
@@ -60,6 +61,12 @@ def register_run_job(app: Celery, host: EngineHost) -> None:
             raise Reject("shut down before the job's result could be written", requeue=True)
 
 
+def register_probe_queue(app: Celery, reconciler: Reconciler) -> None:
+    @app.task(name=PROBE_QUEUE_TASK)
+    def probe_queue(step: int, published_before: str) -> None:
+        reconciler.republish_lost(step, datetime.fromisoformat(published_before))
+
+
 def engine_facts(engine: LLMEngine) -> dict[str, Any]:
     """What a person starting the service wants to see: where the model runs and how much KV it holds."""
     runner = engine.runner
@@ -83,7 +90,8 @@ def run_worker(settings: Settings, ready_fd: int | None = None) -> None:
         publish_job(app, job_id, queue, priority)
 
     outbox = Outbox(settings, app)  # job ends become webhook deliveries, published by the flusher thread
-    store = JobStore(make_sessionmaker(make_engine(settings)), settings.served_model_name, outbox)
+    sessions = make_sessionmaker(make_engine(settings))
+    store = JobStore(sessions, settings.served_model_name, outbox, settings.max_attempts)
     url = streams_url(settings)
     streamer = TokenStreamer(url) if url else None
     health = WorkerHealth(settings.resolved_worker_status_file, settings.heartbeat_period, worker_id)
@@ -103,11 +111,12 @@ def run_worker(settings: Settings, ready_fd: int | None = None) -> None:
     reconciler = Reconciler(
         store,
         publish,
-        lambda: queue_depth(app, queue),
+        lambda step, before: publish_probe(app, queue, step, before.isoformat()),
         settings.heartbeat_timeout,
         settings.requeue_after,
         BatchKeeper(store.sessions, outbox),
     )
+    register_probe_queue(app, reconciler)
     stop_reconciling = threading.Event()
 
     now = threading.Event()

@@ -1,11 +1,25 @@
 """Nothing is lost: jobs of dead workers go back to the queue, and queued jobs without a message get one.
-Each round also moves batches along (``worker/batches.py``)."""
+Each round also moves batches along (``worker/batches.py``).
+
+A lost message is told from one still waiting in the broker by a probe, not by reading the broker: a
+broker queue is first in, first out within a priority step, so when a probe published at time S is
+consumed, every job message of its step published before S has been consumed too. A job of that step
+still queued, last published before S − ``requeue_after`` (the margin covers a publish that lags its
+row's stamp and clocks that differ), has lost its message; whichever worker consumes the probe
+republishes it. This works with a backlog that never drains, and without one (the probe is consumed at
+once). Each reconciler sends at most one probe per priority step per ``requeue_after``, and only for
+steps that have queued jobs that old.
+"""
 
 import logging
 import threading
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 
+from core.models import utcnow
+from core.queue import celery_priority, priorities_at
 from worker.batches import BatchKeeper
 from worker.health import describe
 from worker.host import Publish
@@ -13,15 +27,18 @@ from worker.store import JobStore, database_away
 
 logger = logging.getLogger("pagedq.worker")
 
+Probe = Callable[[int, datetime], None]  # (broker priority step, published before) -> publish a probe
+
 
 @dataclass
 class Reconciler:
     store: JobStore
     publish: Publish
-    queue_depth: Callable[[], int]
+    probe: Probe
     heartbeat_timeout: float
     requeue_after: float
     batches: BatchKeeper | None = None  # expires, stops and finalizes batches
+    probed: dict[int, float] = field(default_factory=dict)  # step -> when this reconciler last probed it
 
     def run(self, interval: float, stop: threading.Event) -> None:
         while not stop.wait(interval):
@@ -45,10 +62,15 @@ class Reconciler:
         for job_id, priority in self.store.requeue_orphans(self.heartbeat_timeout):
             logger.warning("requeued the job of a silent worker", extra={"job_id": job_id})
             self.publish(job_id, priority)
-        # Workers hold only jobs they have claimed (prefetch = seats), so with nothing waiting in the
-        # broker, a job still queued long after its last publish has lost its message.
-        if self.queue_depth() > 0:
-            return
-        for job_id, priority in self.store.republish_due(self.requeue_after):
-            logger.warning("republished a queued job without a message", extra={"job_id": job_id})
+        published_before = utcnow() - timedelta(seconds=self.requeue_after)
+        steps = {celery_priority(p) for p in self.store.waiting_priorities(published_before)}
+        for step in sorted(steps):
+            if time.monotonic() - self.probed.get(step, -float("inf")) >= self.requeue_after:
+                self.probe(step, published_before)
+                self.probed[step] = time.monotonic()
+
+    def republish_lost(self, step: int, published_before: datetime) -> None:
+        """A probe of ``step`` was consumed: that step's older jobs still queued lost their message."""
+        for job_id, priority in self.store.republish_due(published_before, priorities_at(step)):
+            logger.warning("republished a queued job whose message was lost", extra={"job_id": job_id})
             self.publish(job_id, priority)

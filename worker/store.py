@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, bindparam, delete, or_, select, update
+from sqlalchemy import String, and_, bindparam, cast, delete, literal, or_, select, update
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -100,6 +100,7 @@ class JobStore:
     sessions: sessionmaker[Session]
     model: str
     outbox: Outbox | None = None  # where a job's end is recorded as webhook events; None: nowhere
+    max_attempts: int = 3  # runs a job may start; when the last one is abandoned too, the job fails
 
     def claim(self, job_id: str, worker_id: str, retry: bool = False) -> ClaimedJob | None:
         """Take a queued job for a new attempt; None when it is not queued (done, cancelled, taken).
@@ -192,15 +193,38 @@ class JobStore:
             self.outbox.publish(deliveries)
 
     def requeue(self, job_id: str, attempt: int) -> int | None:
-        """Give a run back to the queue; returns the job's priority, or None if the run is not ours."""
-        statement = (
-            update(Job)
-            .where(Job.id == job_id, Job.attempt == attempt, Job.status == JobStatus.RUNNING)
-            .values(status=JobStatus.QUEUED, worker_id=None, published_at=utcnow())
-            .returning(Job.priority)
-        )
+        """Give a run back to the queue; returns the job's priority, or None if the run is not ours or was
+        the job's last allowed attempt (then the job has failed, abandoned)."""
+        ours = (Job.id == job_id, Job.attempt == attempt, Job.status == JobStatus.RUNNING)
         with self.sessions.begin() as session:
-            return session.execute(statement).scalar_one_or_none()
+            deliveries = self._fail_abandoned(session, ours, utcnow())
+            priority = session.execute(
+                update(Job)
+                .where(*ours)
+                .values(status=JobStatus.QUEUED, worker_id=None, published_at=utcnow())
+                .returning(Job.priority)
+            ).scalar_one_or_none()
+        self._publish(deliveries)
+        return priority
+
+    def _fail_abandoned(self, session: Session, running: tuple[Any, ...], now: datetime) -> list[str]:
+        """Fail the ``running`` runs that were their job's last allowed attempt, rather than requeue them:
+        a job that kills every worker that runs it must not loop forever. Returns their webhook deliveries."""
+        error = (
+            literal("abandoned by ")
+            + cast(Job.attempt, String)
+            + literal(
+                f" workers (PAGEDQ_MAX_ATTEMPTS={self.max_attempts}): every run ended without a result, as "
+                "when the job crashes or hangs its worker"
+            )
+        )
+        failed = session.scalars(
+            update(Job)
+            .where(*running, Job.attempt >= self.max_attempts)
+            .values(status=JobStatus.FAILED, finished_at=now, worker_id=None, error=error)
+            .returning(Job.id)
+        ).all()
+        return self._record_events(session, list(failed))
 
     def cancel_requested(self, job_ids: list[str]) -> set[str]:
         with self.sessions() as session:
@@ -225,7 +249,8 @@ class JobStore:
     # --- reconciliation ---
 
     def requeue_orphans(self, heartbeat_timeout: float) -> list[tuple[str, int]]:
-        """Running jobs whose worker stopped heartbeating go back to the queue (or end, if cancelled)."""
+        """Running jobs whose worker stopped heartbeating go back to the queue (or end: cancelled if asked
+        to, failed if that was their last allowed attempt)."""
         now = utcnow()
         live = select(Worker.id).where(Worker.heartbeat_at > now - timedelta(seconds=heartbeat_timeout))
         orphaned = (Job.model == self.model, Job.status == JobStatus.RUNNING, Job.worker_id.not_in(live))
@@ -237,6 +262,7 @@ class JobStore:
                 .returning(Job.id)
             ).all()
             deliveries = self._record_events(session, list(cancelled))
+            deliveries += self._fail_abandoned(session, orphaned, now)
             rows = session.execute(
                 update(Job)
                 .where(*orphaned)
@@ -247,17 +273,23 @@ class JobStore:
         self._publish(deliveries)
         return [(job_id, priority) for job_id, priority in rows]
 
-    def republish_due(self, older_than: float) -> list[tuple[str, int]]:
-        """Queued jobs last published over ``older_than`` seconds ago: stamp them and return them."""
-        now = utcnow()
+    def _waiting_since(self, published_before: datetime) -> tuple[Any, ...]:
+        published = or_(Job.published_at.is_(None), Job.published_at < published_before)
+        return (Job.model == self.model, Job.status == JobStatus.QUEUED, published)
+
+    def waiting_priorities(self, published_before: datetime) -> set[int]:
+        """The priorities of queued jobs last published before ``published_before``."""
+        with self.sessions() as session:
+            query = select(Job.priority).where(*self._waiting_since(published_before)).distinct()
+            return set(session.scalars(query))
+
+    def republish_due(self, published_before: datetime, priorities: tuple[int, int]) -> list[tuple[str, int]]:
+        """Queued jobs with a priority in ``priorities`` (lowest, highest), last published before
+        ``published_before``: stamp them published now and return them, to be published again."""
         statement = (
             update(Job)
-            .where(
-                Job.model == self.model,
-                Job.status == JobStatus.QUEUED,
-                or_(Job.published_at.is_(None), Job.published_at < now - timedelta(seconds=older_than)),
-            )
-            .values(published_at=now)
+            .where(*self._waiting_since(published_before), Job.priority.between(*priorities))
+            .values(published_at=utcnow())
             .returning(Job.id, Job.priority)
         )
         with self.sessions.begin() as session:

@@ -31,7 +31,7 @@ from core.db import make_engine, make_sessionmaker
 from core.models import WebhookDelivery, utcnow
 from core.queue import DELIVER_WEBHOOK_TASK, make_celery
 from core.settings import Settings
-from core.webhooks import publish_deliveries, url_refusal
+from core.webhooks import WebhookRefused, checked_address, publish_deliveries
 
 logger = logging.getLogger("pagedq.webhooks")
 
@@ -111,6 +111,13 @@ class Attempt:
         }
 
 
+def transport_error_class(error: httpx.TransportError) -> str:
+    """A network failure's generic class; its message (addresses, the peer's words) stays out of records."""
+    if isinstance(error, httpx.TimeoutException):
+        return "timeout"
+    return "connect error" if isinstance(error, httpx.ConnectError) else "network error"
+
+
 def retry_after_seconds(value: str | None, now: datetime) -> float | None:
     """A ``Retry-After`` header, in seconds or as an HTTP date; None when absent or unreadable."""
     if not value or not value.strip():
@@ -165,7 +172,13 @@ class Sender:
     ) -> None:
         self.sessions, self.settings, self.secret, self.retry = sessions, settings, secret, retry
         # Redirects are not followed (they could lead to a private address); proxies are not used.
-        self.client = httpx.Client(timeout=settings.webhook_timeout, follow_redirects=False, trust_env=False)
+        # Connections are not kept: one to a pinned address must not carry another host's request.
+        self.client = httpx.Client(
+            timeout=settings.webhook_timeout,
+            follow_redirects=False,
+            trust_env=False,
+            limits=httpx.Limits(max_keepalive_connections=0),
+        )
         self.lease = timedelta(seconds=4 * settings.webhook_timeout + 10)  # connect, write, read, pool
 
     def close(self) -> None:
@@ -223,33 +236,50 @@ class Sender:
             return session.execute(statement).rowcount == 1
 
     def _attempt(self, claim: Claim) -> Attempt:
+        """POST to the one address the URL's host was resolved to and checked against, never a second
+        lookup's (DNS rebinding); the Host header, TLS server name and certificate check stay the host's.
+
+        What is recorded is the status code, the latency and a generic error class, never the endpoint's
+        words (its body or reason phrase) or what a refused host resolves to.
+        """
         at = utcnow()
         try:
-            refusal = url_refusal(claim.url, self.settings.webhook_allow_private)
+            address = checked_address(
+                claim.url, self.settings.webhook_allow_private, self.settings.webhook_resolve_timeout
+            )
+        except WebhookRefused as refused:
+            logger.warning("webhook URL refused", extra={"delivery_id": claim.id, "reason": str(refused)})
+            return Attempt(at, error="refused")
         except OSError as error:
-            return Attempt(at, error=f"the host does not resolve: {error}", transient=True)
-        if refusal is not None:
-            return Attempt(at, error=f"refused: {refusal}")
+            logger.warning(
+                "webhook host does not resolve", extra={"delivery_id": claim.id, "error": repr(error)}
+            )
+            return Attempt(at, error="unresolvable", transient=True)
+        url = httpx.URL(claim.url)
         body = json.dumps(claim.payload, separators=(",", ":"), ensure_ascii=False)
         timestamp = int(time.time())
         headers = {
+            "host": url.netloc.decode("ascii"),
             "content-type": "application/json",
             "user-agent": "pagedq-webhooks",
             "webhook-id": claim.id,
             "webhook-timestamp": str(timestamp),
             "webhook-signature": sign(self.secret, claim.id, timestamp, body),
         }
+        tls = {"sni_hostname": url.raw_host.decode("ascii")} if url.scheme == "https" else {}
+        pinned = url.copy_with(host=str(address))
         start = time.monotonic()
         try:
-            with self.client.stream("POST", claim.url, content=body.encode(), headers=headers) as response:
-                code, reason = response.status_code, response.reason_phrase
+            with self.client.stream(
+                "POST", pinned, content=body.encode(), headers=headers, extensions=tls
+            ) as response:
+                code = response.status_code
                 wait = retry_after_seconds(response.headers.get("retry-after"), utcnow())
         except httpx.TransportError as error:  # timeouts, refused connections, broken responses
             latency = (time.monotonic() - start) * 1000
-            return Attempt(at, latency_ms=latency, error=f"{type(error).__name__}: {error}", transient=True)
+            return Attempt(at, latency_ms=latency, error=transport_error_class(error), transient=True)
         latency = (time.monotonic() - start) * 1000
-        error = None if 200 <= code < 300 else f"HTTP {code} {reason}".strip()
-        return Attempt(at, code, latency, error, retry_after=wait)
+        return Attempt(at, code, latency, None if 200 <= code < 300 else f"HTTP {code}", retry_after=wait)
 
     # --- the sweeper ---
 

@@ -7,6 +7,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from sqlalchemy import exists, select, text
 
 from api.deps import Service, ServiceDep
+from api.errors import RETRY_LATER
 from api.schemas import Health, Readiness
 from core.models import Worker
 
@@ -33,6 +34,8 @@ def readyz(response: Response, service: ServiceDep) -> Readiness:
     }
     ready = all(result == "ok" for result in checks.values())
     response.status_code = 200 if ready else 503
+    if not ready:
+        response.headers.update(RETRY_LATER)
     return Readiness(status="ok" if ready else "unavailable", checks=checks)
 
 

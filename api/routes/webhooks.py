@@ -22,7 +22,10 @@ class AttemptOut(BaseModel):
     at: datetime
     status_code: int | None = Field(description="the endpoint's HTTP status; null if none came back")
     latency_ms: float
-    error: str | None = Field(description="why it did not count as delivered (HTTP status, timeout, refused)")
+    error: str | None = Field(
+        description="why it did not count as delivered, as a generic class: `HTTP <code>`, `timeout`, "
+        "`connect error`, `network error`, `refused`, `unresolvable` (never the endpoint's reply)"
+    )
 
 
 class DeliveryOut(BaseModel):
