@@ -26,20 +26,13 @@ from api.files import file_not_found
 from api.jobs import check_webhook_url
 from api.openai_schemas import BatchIn, BatchOut
 from core.batches import cancel_unfinished, tally
-from core.models import Batch, File, new_batch_id, utcnow
+from core.models import FRESH_RESULTS, Batch, File, new_batch_id, utcnow
 from core.states import BATCH_TERMINAL, BatchStatus, JobStatus
 from core.webhooks import publish_deliveries, record_event
 
 logger = logging.getLogger(__name__)
 MAX_LISTED_ERRORS = 1000
-FRESH = {
-    "attempt": 0,
-    "cancel_requested": False,
-    "output_text": "",
-    "completion_tokens": 0,
-    "cached_tokens": 0,
-    "token_times_ms": [],
-}
+FRESH = {"attempt": 0, "cancel_requested": False} | FRESH_RESULTS  # a COPY sets every NOT NULL column
 
 
 def batch_not_found(batch_id: str) -> HTTPException:

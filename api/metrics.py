@@ -6,28 +6,27 @@ The histograms are cumulative Prometheus histograms fed at scrape time: each scr
 after the time it records, and its clock may differ a little from ours) and observes those not yet
 observed; remembered ids are forgotten once they fall out of the window. Only new rows are read in full.
 Queue time, time to first token and inter-token latency count every finished job that got that far;
-end-to-end latency counts succeeded jobs only. The definitions are those of ``api.schemas.Timings``.
+end-to-end latency counts succeeded jobs only. The definitions, and figures, are ``core.timings``'s.
 Every API process (``PAGEDQ_API_WORKERS``) observes every finished job from the database, so whichever
 process answers a scrape, the histograms agree.
 """
 
-import itertools
 import logging
 import threading
 from collections.abc import Iterator, Sequence
 from datetime import datetime, timedelta
-from typing import Any
 
 from celery import Celery
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from sqlalchemy import func, select
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session, load_only, sessionmaker
 
 from core.models import Job, Worker, utcnow
 from core.queue import queue_depth
 from core.states import JobStatus
+from core.timings import timings
 
 logger = logging.getLogger(__name__)
 
@@ -85,22 +84,29 @@ class FinishedJobs:
             ids = session.scalars(select(Job.id).where(Job.finished_at >= self._since))
             return [job_id for job_id in ids if job_id not in self._seen]
 
-    def _load(self, job_ids: list[str]) -> Sequence[Any]:
-        columns = (Job.id, Job.status, Job.queued_at, Job.started_at, Job.first_token_at, Job.finished_at)
+    def _load(self, job_ids: list[str]) -> Sequence[Job]:
+        columns = (
+            Job.status,
+            Job.attempt,
+            Job.queued_at,
+            Job.started_at,
+            Job.first_token_at,
+            Job.finished_at,
+        )
         with self._sessions() as session:
-            query = select(*columns, Job.token_times_ms).where(Job.id.in_(job_ids))
-            return session.execute(query).all() if job_ids else []
+            query = select(Job).options(load_only(*columns)).where(Job.id.in_(job_ids))
+            return session.scalars(query).all() if job_ids else []
 
-    def _observe(self, job: Any) -> None:
-        if job.started_at:
-            self.queue_time.observe((job.started_at - job.queued_at).total_seconds())
-        if job.started_at and job.first_token_at:
-            self.ttft.observe((job.first_token_at - job.started_at).total_seconds())
-        times = job.token_times_ms or []
-        for earlier, later in itertools.pairwise(times):
-            self.itl.observe((later - earlier) / 1000)
-        if job.status == JobStatus.SUCCEEDED:
-            self.e2e.observe((job.finished_at - job.queued_at).total_seconds())
+    def _observe(self, job: Job) -> None:
+        figures = timings(job)
+        for histogram, ms in (
+            (self.queue_time, figures.queue_time_ms),
+            (self.ttft, figures.time_to_first_token_ms),
+            *((self.itl, gap) for gap in figures.inter_token_ms),
+            (self.e2e, figures.e2e_latency_ms if job.status == JobStatus.SUCCEEDED else None),
+        ):
+            if ms is not None:
+                histogram.observe(ms / 1000)
 
 
 def _histogram(name: str, what: str, buckets: tuple[float, ...], registry: CollectorRegistry) -> Histogram:

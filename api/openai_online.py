@@ -128,7 +128,7 @@ def response_body(service: Service, job: Job, endpoint: str) -> dict[str, Any]:
     if job.status != "succeeded":
         raise OpenAIError(500, f"job {job.id} {job.status}: {job.error or 'no output'}", None, "job_failed")
     created = int((job.started_at or job.queued_at).timestamp())
-    return completion_body(job, endpoint, created, service.prompts.token_text)
+    return completion_body(job, endpoint, created)
 
 
 async def stream_chunks(

@@ -50,10 +50,6 @@ class PromptEncoder:
         # A fast tokenizer's Rust state must not be borrowed by two threads at once.
         self._lock = threading.Lock()
 
-    def token_text(self, token_id: int) -> str:
-        with self._lock:
-            return self.tokenizer.decode([token_id])
-
     def encode(self, spec: JobSpec) -> list[int]:
         token_ids = self._chat(spec.messages) if spec.messages is not None else self._text(spec.prompt or "")
         result = self._checked(spec, token_ids)

@@ -1,13 +1,6 @@
 """The API's wire types, separate from the tables: what a client reads back about its jobs.
 
-Timings (milliseconds; null until both ends exist):
-
-- ``queue_time_ms`` = started_at − queued_at: waiting for a worker's engine to schedule the job.
-- ``time_to_first_token_ms`` = first_token_at − started_at: the engine's prefill latency. The client's
-  end-to-end time to first token is ``queue_time_ms + time_to_first_token_ms``.
-- ``e2e_latency_ms`` = finished_at − queued_at: submission to final result.
-- ``mean_time_per_output_token_ms`` = (last token − first token) / (tokens − 1), from ``token_times_ms``.
-- ``token_times_ms``: when each generated token was produced, in ms since started_at.
+Timings are defined, and derived, in ``core/timings.py``; choices are read in ``core/choices.py``.
 """
 
 from datetime import datetime
@@ -15,8 +8,10 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from core.choices import choices_of
 from core.models import Job
 from core.states import JobStatus
+from core.timings import timings
 
 
 class Usage(BaseModel):
@@ -41,26 +36,14 @@ class Timings(BaseModel):
 
     @classmethod
     def of(cls, job: Job) -> "Timings":
-        times = job.token_times_ms or []
         return cls(
             queued_at=job.queued_at,
             started_at=job.started_at,
             first_token_at=job.first_token_at,
             finished_at=job.finished_at,
-            queue_time_ms=_ms_between(job.queued_at, job.started_at),
-            time_to_first_token_ms=_ms_between(job.started_at, job.first_token_at),
-            e2e_latency_ms=_ms_between(job.queued_at, job.finished_at),
-            mean_time_per_output_token_ms=_mean_gap(times),
-            token_times_ms=times,
+            token_times_ms=job.token_times_ms,
+            **timings(job).reported(),
         )
-
-
-def _mean_gap(times: list[float]) -> float | None:
-    return (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else None
-
-
-def _ms_between(start: datetime | None, end: datetime | None) -> float | None:
-    return (end - start).total_seconds() * 1000 if start and end else None
 
 
 class ChoiceOut(BaseModel):
@@ -71,16 +54,10 @@ class ChoiceOut(BaseModel):
 
     @classmethod
     def all_of(cls, job: Job) -> list["ChoiceOut"]:
-        if not job.choices:
-            return [
-                cls(
-                    index=0,
-                    text=job.output_text,
-                    finish_reason=job.finish_reason,
-                    completion_tokens=job.completion_tokens,
-                )
-            ]
-        return [cls(index=i, **choice) for i, choice in enumerate(job.choices)]
+        return [
+            cls(index=i, text=c.text, finish_reason=c.finish_reason, completion_tokens=c.completion_tokens)
+            for i, c in enumerate(choices_of(job))
+        ]
 
 
 class JobOut(BaseModel):

@@ -5,12 +5,14 @@ import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import JSON, DateTime, ForeignKey, Index, LargeBinary, String, Text, TypeDecorator
+from sqlalchemy import JSON, DateTime, ForeignKey, Index, LargeBinary, String, Text, TypeDecorator, inspect
 from sqlalchemy.dialects.postgresql import JSONB
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 from sqlalchemy.sql import ColumnElement
 
+from core.choices import TokenLogprob
 from core.states import JobStatus
+from core.timings import joined
 
 JSONType = JSON().with_variant(JSONB(), "postgresql")
 
@@ -92,17 +94,22 @@ class Job(Base):
     worker_id: Mapped[str | None] = mapped_column(String(120))
     cancel_requested: Mapped[bool] = mapped_column(default=False)
 
-    # Results, written while running (partial) and once at the end.
+    # Results, written while running (partial) and once at the end; their stored form: core/choices.py.
     output_text: Mapped[str] = mapped_column(Text, default="")  # the first (or only) choice
-    choices: Mapped[list[dict[str, Any]] | None] = mapped_column(JSONType)  # all, when n > 1 (text, …)
-    # When asked for: per choice, per token [chosen id, its logprob, [[id, logprob] of the top ones]].
-    token_logprobs: Mapped[list[list[Any]] | None] = mapped_column(JSONType)
+    choices: Mapped[list[dict[str, Any]] | None] = mapped_column(JSONType)  # all, when n > 1
+    token_logprobs: Mapped[list[list[TokenLogprob]] | None] = mapped_column(JSONType)  # when asked for
     finish_reason: Mapped[str | None] = mapped_column(String(16))
     error: Mapped[str | None] = mapped_column(Text)
     prompt_tokens: Mapped[int] = mapped_column(default=0)
     completion_tokens: Mapped[int] = mapped_column(default=0)
     cached_tokens: Mapped[int] = mapped_column(default=0)
-    token_times_ms: Mapped[list[float]] = mapped_column(JSONType, default=list)  # since started_at
+    # The current run's per-token times, appended a chunk per flush; a new run starts with none.
+    token_time_chunks: Mapped[list["TokenTimes"]] = relationship(
+        primaryjoin="and_(Job.id == foreign(TokenTimes.job_id), Job.attempt == TokenTimes.attempt)",
+        order_by="TokenTimes.first",
+        viewonly=True,
+        lazy="selectin",
+    )
 
     queued_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     published_at: Mapped[datetime | None] = mapped_column(UTCDateTime)  # last handed to the broker
@@ -116,6 +123,39 @@ class Job(Base):
         Index("ix_jobs_batch_id_status", "batch_id", "status"),
         Index("ix_jobs_finished_at", "finished_at"),
     )
+
+    @property
+    def token_times_ms(self) -> list[float]:
+        """When each generated token (of the first choice) was produced, in ms since started_at."""
+        if "token_time_chunks" in inspect(self).unloaded:  # a job just made here, never loaded: no run yet
+            return []
+        return joined((chunk.first, chunk.times_ms) for chunk in self.token_time_chunks)
+
+
+# A run's results before it has produced any: a new job's, and what each claim resets them to.
+FRESH_RESULTS: dict[str, Any] = {
+    "output_text": "",
+    "choices": None,
+    "token_logprobs": None,
+    "finish_reason": None,
+    "error": None,
+    "completion_tokens": 0,
+    "cached_tokens": 0,
+    "started_at": None,
+    "first_token_at": None,
+}
+
+
+class TokenTimes(Base):
+    """A chunk of a run's per-token times (ms since started_at), from the token at index ``first``:
+    each flush appends one, so writing them costs what is new, never what was written before."""
+
+    __tablename__ = "job_token_times"
+
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    attempt: Mapped[int] = mapped_column(primary_key=True)
+    first: Mapped[int] = mapped_column(primary_key=True)
+    times_ms: Mapped[list[float]] = mapped_column(JSONType)
 
 
 class Worker(Base):

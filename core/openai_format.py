@@ -3,46 +3,32 @@
 Shared by the online endpoints (the API) and batch output files (the worker).
 """
 
-from collections.abc import Callable
 from itertools import accumulate
 from typing import Any, Protocol
 
+from core.choices import Choice, StoredJob, TokenLogprob, choices_of
+
 CHAT_ENDPOINT = "/v1/chat/completions"
-TokenText = Callable[[int], str]  # a token id's text, from the model's tokenizer
 
 
-class FinishedJob(Protocol):
+class FinishedJob(StoredJob, Protocol):
     """What a completion body is made of: a ``Job`` or a row of its columns."""
 
     id: str
     model: str
-    output_text: str
-    finish_reason: str | None
-    choices: list[dict[str, Any]] | None
     prompt_tokens: int
-    completion_tokens: int
     cached_tokens: int
-    params: dict[str, Any]
-    token_logprobs: list[list[Any]] | None
 
 
-def completion_body(
-    job: FinishedJob, endpoint: str, created: int, token_text: TokenText | None = None
-) -> dict[str, Any]:
+def completion_body(job: FinishedJob, endpoint: str, created: int) -> dict[str, Any]:
     chat = endpoint == CHAT_ENDPOINT
-    choices = [
-        dict(c) for c in job.choices or [{"text": job.output_text, "finish_reason": job.finish_reason}]
-    ]
-    if token_text is not None and job.token_logprobs:  # batch output rows carry no logprobs
-        top = job.params.get("logprobs") or 0
-        for choice, tokens in zip(choices, job.token_logprobs, strict=True):
-            choice["logprobs"] = (_chat_logprobs if chat else _text_logprobs)(tokens, top, token_text)
+    logprobs = job.token_logprobs is not None
     return {
         "id": ("chatcmpl-" if chat else "cmpl-") + job.id.removeprefix("job_"),
         "object": "chat.completion" if chat else "text_completion",
         "created": created,
         "model": job.model,
-        "choices": [_choice(i, choice, chat) for i, choice in enumerate(choices)],
+        "choices": [_choice(i, choice, chat, logprobs) for i, choice in enumerate(choices_of(job))],
         "usage": {
             "prompt_tokens": job.prompt_tokens,
             "completion_tokens": job.completion_tokens,
@@ -53,41 +39,32 @@ def completion_body(
     }
 
 
-def _choice(index: int, choice: dict[str, Any], chat: bool) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "index": index,
-        "finish_reason": choice["finish_reason"],
-        "logprobs": choice.get("logprobs"),
-    }
+def _choice(index: int, choice: Choice, chat: bool, with_logprobs: bool) -> dict[str, Any]:
+    logprobs = (_chat_logprobs if chat else _text_logprobs)(choice.logprobs) if with_logprobs else None
+    out: dict[str, Any] = {"index": index, "finish_reason": choice.finish_reason, "logprobs": logprobs}
     if chat:
-        out["message"] = {"role": "assistant", "content": choice["text"], "refusal": None}
+        out["message"] = {"role": "assistant", "content": choice.text, "refusal": None}
     else:
-        out["text"] = choice["text"]
+        out["text"] = choice.text
     return out
 
 
-def _top(alternatives: list[list[Any]], k: int) -> list[list[Any]]:
-    return sorted(alternatives, key=lambda pair: pair[1], reverse=True)[:k]
-
-
-def _chat_logprobs(tokens: list[list[Any]], k: int, token_text: TokenText) -> dict[str, Any]:
-    def entry(token: int, logprob: float) -> dict[str, Any]:
-        text = token_text(token)
+def _chat_logprobs(tokens: list[TokenLogprob]) -> dict[str, Any]:
+    def entry(text: str, logprob: float) -> dict[str, Any]:
         return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
 
     content = [
-        entry(token, logprob) | {"top_logprobs": [entry(t, lp) for t, lp in _top(alternatives, k)]}
-        for token, logprob, alternatives in tokens
+        entry(token["token"], token["logprob"]) | {"top_logprobs": [entry(*top) for top in token["top"]]}
+        for token in tokens
     ]
     return {"content": content, "refusal": None}
 
 
-def _text_logprobs(tokens: list[list[Any]], k: int, token_text: TokenText) -> dict[str, Any]:
-    texts = [token_text(token) for token, _, _ in tokens]
-    offsets = list(accumulate((len(t) for t in texts[:-1]), initial=0))
+def _text_logprobs(tokens: list[TokenLogprob]) -> dict[str, Any]:
+    texts = [token["token"] for token in tokens]
     return {
         "tokens": texts,
-        "token_logprobs": [logprob for _, logprob, _ in tokens],
-        "top_logprobs": [{token_text(t): lp for t, lp in _top(alts, k)} for _, _, alts in tokens],
-        "text_offset": offsets,
+        "token_logprobs": [token["logprob"] for token in tokens],
+        "top_logprobs": [dict(token["top"]) for token in tokens],
+        "text_offset": list(accumulate((len(text) for text in texts[:-1]), initial=0)),
     }

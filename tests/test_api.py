@@ -19,7 +19,7 @@ from transformers import AutoTokenizer
 
 from api.app import create_app
 from core.db import make_engine, make_sessionmaker
-from core.models import Job, Worker, utcnow
+from core.models import Job, TokenTimes, Worker, utcnow
 from core.queue import make_celery, queue_depth, queue_name
 from core.settings import Settings
 
@@ -76,9 +76,16 @@ def _row(db: sessionmaker[Session], job_id: str) -> Job:
         return job
 
 
-def _set(db: sessionmaker[Session], job_id: str, **values: Any) -> None:
+def _set(
+    db: sessionmaker[Session], job_id: str, token_times_ms: list[float] | None = None, **values: Any
+) -> None:
     with db() as session:
         session.execute(update(Job).where(Job.id == job_id).values(**values))
+        if token_times_ms is not None:  # as a worker's run appends them: a chunk per flush
+            attempt = session.get_one(Job, job_id).attempt
+            half = len(token_times_ms) // 2
+            for first, chunk in ((0, token_times_ms[:half]), (half, token_times_ms[half:])):
+                session.add(TokenTimes(job_id=job_id, attempt=attempt, first=first, times_ms=chunk))
         session.commit()
 
 

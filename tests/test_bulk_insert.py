@@ -55,7 +55,7 @@ def shared() -> dict[str, Any]:
         "completion_tokens": 0,
         "cached_tokens": 0,
         "output_text": "",
-        "token_times_ms": [],
+        "webhook_events": ["job.succeeded"],  # a JSON value shared by every row
         "queued_at": utcnow() - timedelta(seconds=5),
         "published_at": None,
     }

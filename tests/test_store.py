@@ -141,3 +141,25 @@ def test_a_row_the_database_refuses_fails_that_job_alone(store: JobStore) -> Non
     assert get(store, good).status == JobStatus.SUCCEEDED and get(store, good).output_text == "fine"
     failed = get(store, bad)
     assert failed.status == JobStatus.FAILED and "could not be stored" in (failed.error or "")
+
+
+def test_token_times_are_appended_per_flush_and_a_new_run_starts_without_them(store: JobStore) -> None:
+    job_id = add_job(store)
+    run = store.claim(job_id, "w1")
+    assert run is not None
+    store.write([Progress(job_id, run.attempt, "ab", 2, token_times_ms=[1.0, 2.0])])
+    store.write([Progress(job_id, run.attempt, "abc", 3, token_times_ms=[3.0], token_times_from=2)])
+    again = Progress(job_id, run.attempt, "abcd", 4, token_times_ms=[3.0, 4.0], token_times_from=2)
+    assert store.write([again]) == set()  # a chunk sent again after an unknown outcome replaces itself
+    assert get(store, job_id).token_times_ms == [1.0, 2.0, 3.0, 4.0]
+    stale = Progress(job_id, run.attempt - 1, "x", 5, token_times_ms=[9.0], token_times_from=4)
+    assert store.write([stale]) == {job_id}
+    assert get(store, job_id).token_times_ms == [1.0, 2.0, 3.0, 4.0]
+
+    assert store.requeue(job_id, run.attempt) == 0
+    rerun = store.claim(job_id, "w2")
+    assert rerun is not None and get(store, job_id).token_times_ms == []
+    late = Progress(job_id, run.attempt, "old", 5, token_times_ms=[5.0], token_times_from=4)
+    assert store.write([late]) == {job_id}  # the old run, still going, is refused
+    store.write([Progress(job_id, rerun.attempt, "n", 1, token_times_ms=[7.0], status=JobStatus.SUCCEEDED)])
+    assert get(store, job_id).token_times_ms == [7.0]

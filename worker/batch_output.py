@@ -8,18 +8,17 @@ An error line: ``{"id", "custom_id", "response": null, "error": {"code", "messag
 
 import json
 from collections.abc import Iterator
-from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Row, select
-from sqlalchemy.orm import Session
+from sqlalchemy import select
+from sqlalchemy.orm import Session, load_only
 
 from core.models import Batch, Job
 from core.openai_format import completion_body
 from core.states import BatchStatus, JobStatus
+from core.timings import timings
 
 COLUMNS = (
-    Job.id,
     Job.custom_id,
     Job.status,
     Job.model,
@@ -30,7 +29,8 @@ COLUMNS = (
     Job.prompt_tokens,
     Job.completion_tokens,
     Job.cached_tokens,
-    Job.token_times_ms,
+    Job.token_logprobs,
+    Job.attempt,
     Job.queued_at,
     Job.started_at,
     Job.first_token_at,
@@ -52,40 +52,27 @@ def result_files(session: Session, batch: Batch, ending: BatchStatus) -> tuple[b
     return b"".join(output), b"".join(errors)
 
 
-def _jobs(session: Session, batch_id: str) -> Iterator[Row[Any]]:
-    query = select(*COLUMNS).where(Job.batch_id == batch_id).order_by(Job.id)
-    return iter(session.execute(query.execution_options(yield_per=2000)))
+def _jobs(session: Session, batch_id: str) -> Iterator[Job]:
+    query = select(Job).options(load_only(*COLUMNS)).where(Job.batch_id == batch_id).order_by(Job.id)
+    return iter(session.scalars(query.execution_options(yield_per=2000)))
 
 
-def _line(job: Row[Any], **fields: Any) -> bytes:
+def _line(job: Job, **fields: Any) -> bytes:
     line = {"id": "batch_req_" + job.id.removeprefix("job_"), "custom_id": job.custom_id}
     line |= {"response": None, "error": None} | fields
     return json.dumps(line, ensure_ascii=False).encode() + b"\n"
 
 
-def _response(job: Row[Any], endpoint: str) -> dict[str, Any]:
+def _response(job: Job, endpoint: str) -> dict[str, Any]:
     created = int((job.started_at or job.queued_at).timestamp())
     return {"status_code": 200, "request_id": job.id, "body": completion_body(job, endpoint, created)}
 
 
-def _timings(job: Row[Any]) -> dict[str, Any]:
-    times = job.token_times_ms or []
-    return {
-        "queue_time_ms": _ms(job.queued_at, job.started_at),
-        "time_to_first_token_ms": _ms(job.started_at, job.first_token_at),
-        "e2e_latency_ms": _ms(job.queued_at, job.finished_at),
-        "mean_time_per_output_token_ms": (times[-1] - times[0]) / (len(times) - 1)
-        if len(times) > 1
-        else None,
-        "token_times_ms": times,
-    }
+def _timings(job: Job) -> dict[str, Any]:
+    return timings(job).reported() | {"token_times_ms": job.token_times_ms}
 
 
-def _ms(start: datetime | None, end: datetime | None) -> float | None:
-    return round((end - start).total_seconds() * 1000, 3) if start and end else None
-
-
-def _error(job: Row[Any], ending: BatchStatus) -> dict[str, str]:
+def _error(job: Job, ending: BatchStatus) -> dict[str, str]:
     if job.status == JobStatus.FAILED:
         return {"code": "job_failed", "message": job.error or "the job failed"}
     code = CANCELLED_CODE.get(ending, "job_cancelled")

@@ -14,15 +14,14 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from enum import Enum
-from typing import Any
 
 from sqlalchemy.exc import SQLAlchemyError
 
 from core.states import JobStatus
 from worker.engine import LLMEngine, RequestOutput, SamplingParams
 from worker.health import WorkerHealth, describe
+from worker.results import Clock, JobResult
 from worker.store import ClaimedJob, JobStore, Progress, database_away
 from worker.streamer import TokenStreamer
 
@@ -39,33 +38,12 @@ class RunResult(Enum):
 
 
 @dataclass
-class Choice:
-    """One of a job's n samples (or returned beams)."""
-
-    text: str = ""
-    completion_tokens: int = 0
-    finish_reason: str | None = None
-    logprobs: list[list[Any]] = field(default_factory=list)  # [chosen id, logprob, top [[id, logprob]]]
-
-    def summary(self) -> dict[str, Any]:
-        return {
-            "text": self.text,
-            "completion_tokens": self.completion_tokens,
-            "finish_reason": self.finish_reason,
-        }
-
-
-@dataclass
 class Flight:
     """A job in the engine: what it produced so far, and how its run ends."""
 
     job: ClaimedJob
+    result: JobResult
     done: threading.Event = field(default_factory=threading.Event)
-    choices: list[Choice] = field(default_factory=lambda: [Choice()])
-    cached_tokens: int = 0
-    token_times: list[float] = field(default_factory=list)  # monotonic
-    started: float | None = None
-    first_token: float | None = None
     final: JobStatus | None = None
     finish_reason: str | None = None
     error: str | None = None
@@ -112,7 +90,8 @@ class EngineHost:
         self.give_up_at: float | None = None  # unwritten runs are released, their messages go back
         self.stats: dict[str, float] = {}
         self.peak_running = 0
-        self._clock_offset = time.time() - time.monotonic()
+        self.clock = Clock()
+        self.token_texts: dict[int, str] = {}
         self._threads = [
             threading.Thread(target=self._engine_loop, name="pagedq-engine", daemon=True),
             threading.Thread(target=self._flush_loop, name="pagedq-flusher", daemon=True),
@@ -201,7 +180,7 @@ class EngineHost:
                 if job is None:
                     logger.info("job not queued, skipping", extra={"job_id": job_id})
                     return RunResult.SKIPPED
-                flight = Flight(job)
+                flight = Flight(job, JobResult.of(job.params))
                 with self.lock:
                     self.flights[job.id] = flight
                 return flight
@@ -262,27 +241,22 @@ class EngineHost:
         flight = self.flights.get(output.request_id.rpartition("#")[0])
         if flight is None or flight.request_id != output.request_id:  # a run we let go (its abort, say)
             return
-        metrics = output.metrics
         with self.lock:
-            for sample in output.outputs:
-                flight.choices.extend(Choice() for _ in range(sample.index + 1 - len(flight.choices)))
-                choice = flight.choices[sample.index]
-                choice.text += sample.text
-                choice.completion_tokens += len(sample.token_ids)
-                choice.finish_reason = sample.finish_reason or choice.finish_reason
-                for token, top in zip(sample.token_ids, sample.logprobs or [], strict=False):
-                    choice.logprobs.append([token, top[token], [[t, lp] for t, lp in top.items()]])
-            flight.cached_tokens = output.num_cached_tokens
-            flight.token_times = list(metrics.token_times)
-            flight.started, flight.first_token = metrics.first_scheduled_time, metrics.first_token_time
+            flight.result.fold(output, self._token_text)
             flight.dirty = True
         if self.streamer is not None and not flight.job.in_batch:
             text = "".join(sample.text for sample in output.outputs if sample.index == 0)
             self.streamer.put(flight.job.id, flight.job.attempt, text, output.finished)
         if output.finished:
-            reason = flight.choices[0].finish_reason
+            reason = flight.result.choices[0].finish_reason
             status = flight.abort_as if reason == "abort" and flight.abort_as else JobStatus.SUCCEEDED
             self._end(flight, status, finish_reason=reason)
+
+    def _token_text(self, token_id: int) -> str:
+        """A token's text for its logprobs, cached: the engine's tokenizer, used only on this thread."""
+        if (text := self.token_texts.get(token_id)) is None:
+            text = self.token_texts[token_id] = self.engine.tokenizer.decode([token_id])
+        return text
 
     def _end(
         self, flight: Flight, status: JobStatus, finish_reason: str | None = None, error: str | None = None
@@ -393,6 +367,7 @@ class EngineHost:
         requeues = [p for p in snapshot if p.status == JobStatus.QUEUED]
         writes = [p for p in snapshot if p.status != JobStatus.QUEUED]
         lost = self.store.write(writes) if writes else set()
+        self._written(writes, lost)
         for p in writes:
             if p.status is not None and p.job_id in lost:
                 logger.warning("result not written: the job is no longer ours", extra={"job_id": p.job_id})
@@ -413,34 +388,16 @@ class EngineHost:
             )
 
     def _progress(self, flight: Flight) -> Progress:
-        started = flight.started
-        return Progress(
-            job_id=flight.job.id,
-            attempt=flight.job.attempt,
-            output_text=flight.choices[0].text,
-            completion_tokens=sum(choice.completion_tokens for choice in flight.choices),
-            choices=[choice.summary() for choice in flight.choices] if len(flight.choices) > 1 else None,
-            token_logprobs=self._token_logprobs(flight),
-            cached_tokens=flight.cached_tokens,
-            token_times_ms=[round((t - started) * 1000, 3) for t in flight.token_times] if started else [],
-            started_at=self._wall(started),
-            first_token_at=self._wall(flight.first_token),
-            status=flight.final,
-            finish_reason=flight.finish_reason,
-            error=flight.error,
+        job = flight.job
+        return flight.result.progress(
+            job.id, job.attempt, self.clock, flight.final, flight.finish_reason, flight.error
         )
 
-    @staticmethod
-    def _token_logprobs(flight: Flight) -> list[list[Any]] | None:
-        """Written with the final result only: partial writes stay small."""
-        if flight.final is None or not any(choice.logprobs for choice in flight.choices):
-            return None
-        return [choice.logprobs for choice in flight.choices]
-
-    def _wall(self, monotonic: float | None) -> datetime | None:
-        if monotonic is None:
-            return None
-        return datetime.fromtimestamp(self._clock_offset + monotonic, UTC)
+    def _written(self, writes: list[Progress], lost: set[str]) -> None:
+        with self.lock:
+            for p in writes:
+                if p.job_id not in lost and (flight := self.flights.get(p.job_id)) is not None:
+                    flight.result.written(p)
 
     def _release(self, job_id: str, lost: bool) -> None:
         with self.lock:

@@ -9,11 +9,13 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import String, and_, bindparam, cast, delete, literal, or_, select, update
+from sqlalchemy import Insert, String, and_, bindparam, cast, delete, literal, or_, select, update
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from core.models import Job, Worker, storable, utcnow
+from core.choices import TokenLogprob
+from core.models import FRESH_RESULTS, Job, TokenTimes, Worker, storable, utcnow
 from core.states import JobStatus
 from core.webhooks import Outbox
 
@@ -37,7 +39,8 @@ class ClaimedJob:
 
 @dataclass
 class Progress:
-    """What a run has produced so far; ``status`` is set once it is final."""
+    """What a run has produced so far; ``status`` is set once it is final. Choices and logprobs are in
+    their stored form (core/choices.py); the token times are the new ones, from index ``token_times_from``."""
 
     job_id: str
     attempt: int
@@ -45,8 +48,9 @@ class Progress:
     completion_tokens: int = 0
     cached_tokens: int = 0
     token_times_ms: list[float] = field(default_factory=list)
+    token_times_from: int = 0
     choices: list[dict[str, Any]] | None = None  # every sample when a job asked for more than one
-    token_logprobs: list[list[Any]] | None = None  # with the final result, when the job asked for them
+    token_logprobs: list[list[TokenLogprob]] | None = None  # with the final result, when asked for
     started_at: datetime | None = None
     first_token_at: datetime | None = None
     status: JobStatus | None = None
@@ -60,7 +64,6 @@ class Progress:
             "token_logprobs": self.token_logprobs,
             "completion_tokens": self.completion_tokens,
             "cached_tokens": self.cached_tokens,
-            "token_times_ms": self.token_times_ms,
             "started_at": self.started_at,
             "first_token_at": self.first_token_at,
         }
@@ -73,6 +76,11 @@ class Progress:
             }
         return values
 
+    def token_times(self) -> dict[str, Any]:
+        """The row of its new token times (``job_token_times``)."""
+        times = {"first": self.token_times_from, "times_ms": self.token_times_ms}
+        return {"job_id": self.job_id, "attempt": self.attempt} | times
+
 
 # A run's write, bound per row: the SET clause is the parameters' other keys (one executemany per key set).
 RUN_WRITE = update(Job.__table__).where(
@@ -81,18 +89,13 @@ RUN_WRITE = update(Job.__table__).where(
     Job.__table__.c.status == JobStatus.RUNNING,
 )
 
-FRESH_RUN = {
-    "output_text": "",
-    "choices": None,
-    "token_logprobs": None,
-    "completion_tokens": 0,
-    "cached_tokens": 0,
-    "token_times_ms": [],
-    "started_at": None,
-    "first_token_at": None,
-    "finish_reason": None,
-    "error": None,
-}
+
+def append_token_times(dialect: str) -> Insert:
+    """A chunk of new token times; the same chunk again (a retry after an unknown outcome) replaces it."""
+    statement = (postgresql.insert if dialect == "postgresql" else sqlite.insert)(TokenTimes)
+    return statement.on_conflict_do_update(
+        index_elements=["job_id", "attempt", "first"], set_={"times_ms": statement.excluded.times_ms}
+    )
 
 
 @dataclass
@@ -114,11 +117,13 @@ class JobStore:
         statement = (
             update(Job)
             .where(Job.id == job_id, claimable, Job.cancel_requested.is_(False))
-            .values(status=JobStatus.RUNNING, attempt=Job.attempt + 1, worker_id=worker_id, **FRESH_RUN)
+            .values(status=JobStatus.RUNNING, attempt=Job.attempt + 1, worker_id=worker_id, **FRESH_RESULTS)
             .returning(Job.attempt, Job.prompt_token_ids, Job.params, Job.priority, Job.batch_id.is_not(None))
         )
         with self.sessions.begin() as session:
             row = session.execute(statement).one_or_none()
+            if row is not None:  # an earlier run's token times: no reader sees them any more
+                session.execute(delete(TokenTimes).where(TokenTimes.job_id == job_id))
         return None if row is None else ClaimedJob(job_id, *row)
 
     def write(self, progress: list[Progress]) -> set[str]:
@@ -144,7 +149,7 @@ class JobStore:
         except DBAPIError as error:
             if database_away(error):
                 raise
-            failure = FRESH_RUN | {"status": JobStatus.FAILED, "finished_at": utcnow()}
+            failure = FRESH_RESULTS | {"status": JobStatus.FAILED, "finished_at": utcnow()}
             failure["error"] = f"the result could not be stored: {error.orig!r}"[:2000]
             with self.sessions.begin() as session:
                 if not self._write_one(session, p.job_id, p.attempt, failure):
@@ -169,6 +174,10 @@ class JobStore:
                     for p, values in rows
                     if not self._write_one(session, p.job_id, p.attempt, values)
                 }
+        chunks = [p.token_times() for p in progress if p.token_times_ms and p.job_id not in lost]
+        if chunks:  # appended: a flush writes the new times only
+            connection = session.connection()
+            connection.execute(append_token_times(connection.dialect.name), chunks)
         return lost
 
     @staticmethod

@@ -10,6 +10,7 @@ from pydantic import BaseModel, Field
 from api import openai_online
 from api.deps import ServiceDep
 from api.responses import INVALID
+from core.choices import choices_of
 from core.spec import JobSpec, SamplingSpec, Text
 
 router = APIRouter(tags=["classic"])
@@ -44,5 +45,4 @@ async def generate(body: GenerateIn, request: Request, service: ServiceDep) -> R
     finished = await openai_online.finished(service, job, request)
     if finished is None:
         return Response(status_code=499)
-    choices = finished.choices or [{"text": finished.output_text}]
-    return JSONResponse({"text": [body.prompt + choice["text"] for choice in choices]})
+    return JSONResponse({"text": [body.prompt + choice.text for choice in choices_of(finished)]})
