@@ -127,11 +127,18 @@ class ContractError(ValueError):
 
 def problems(params: SamplingParams) -> list[Problem]:
     """Everything wrong with ``params``: values out of bounds first, then rules between parameters."""
-    found = [
-        problem
-        for name, hint in hints().items()
-        for problem in _out_of_bounds(name, getattr(params, name), hint)
-    ]
+    found = []
+    for name, on_items, constraint in bounds():
+        value = getattr(params, name)
+        if value is None:
+            continue
+        for where, item in enumerate(value) if on_items else [(None, value)]:
+            attribute, holds, wording = BOUNDS[type(constraint)]
+            limit = getattr(constraint, attribute)
+            if not holds(item, limit):  # NaN holds no bound
+                shown = len(item) if isinstance(constraint, MinLen | MaxLen) else repr(item)
+                label = name if where is None else f"{name}.{where}"
+                found.append(Problem(name, f"{label} must be {wording.format(limit)}, got {shown}"))
     return found or list(_rules(params))
 
 
@@ -182,21 +189,21 @@ BOUNDS: dict[type, tuple[str, Callable[[Any, Any], bool], str]] = {
 }
 
 
-def _out_of_bounds(name: str, value: Any, hint: Any) -> Iterator[Problem]:
-    """The bounds ``value`` breaks, read from its type: ``Annotated`` constraints, list items, optionals."""
-    origin, args = get_origin(hint), get_args(hint)
-    if value is None:
-        return
-    if origin is Annotated:
-        for constraint in hint.__metadata__:
-            attribute, holds, wording = BOUNDS[type(constraint)]
-            limit = getattr(constraint, attribute)
-            if not holds(value, limit):  # NaN holds no bound
-                shown = len(value) if isinstance(constraint, MinLen | MaxLen) else repr(value)
-                yield Problem(name.split(".")[0], f"{name} must be {wording.format(limit)}, got {shown}")
-        yield from _out_of_bounds(name, value, args[0])
-    elif origin is list:
-        for index, item in enumerate(value):
-            yield from _out_of_bounds(f"{name}.{index}", item, args[0])
-    elif origin in (Union, UnionType) and len(arms := [arg for arg in args if arg is not NoneType]) == 1:
-        yield from _out_of_bounds(name, value, arms[0])
+@cache
+def bounds() -> list[tuple[str, bool, Any]]:
+    """Every bound the parameters' types carry: (parameter, whether it bounds each list item, constraint)."""
+    found = []
+    for name, hint in hints().items():
+        on_items = False
+        while hint is not None:
+            origin, args = get_origin(hint), get_args(hint)
+            if origin is Annotated:
+                found += [(name, on_items, constraint) for constraint in hint.__metadata__]
+                hint = args[0]
+            elif origin is list:
+                on_items, hint = True, args[0]
+            elif origin in (Union, UnionType) and len(arms := [a for a in args if a is not NoneType]) == 1:
+                hint = arms[0]  # an optional value: None is never out of bounds
+            else:
+                hint = None
+    return found
