@@ -20,13 +20,9 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin, get_typ
 from annotated_types import Ge, Gt, Le, Lt, MaxLen, MinLen
 
 
-def meaning(description: str) -> dict[str, str]:
-    """A parameter's meaning, as field metadata: the API's schema shows it."""
-    return {"description": description}
-
-
 def param(default: Any, description: str) -> Any:
-    return field(default=default, metadata=meaning(description))
+    """A parameter with its meaning, which the API's schema shows."""
+    return field(default=default, metadata={"description": description})
 
 
 Strings = Annotated[list[Annotated[str, MinLen(1)]], MaxLen(16)]
@@ -53,8 +49,8 @@ class SamplingParams:
     presence_penalty: Annotated[float, Ge(-2.0), Le(2.0)] = param(0.0, "> 0 discourages generated tokens")
     frequency_penalty: Annotated[float, Ge(-2.0), Le(2.0)] = param(0.0, "> 0 discourages frequent ones")
     seed: Annotated[int, Ge(0), Lt(2**63)] | None = param(None, "the same seed samples the same tokens")
-    stop: Strings = field(default_factory=list, metadata=meaning("strings that end the output"))
-    stop_token_ids: TokenIds = field(default_factory=list, metadata=meaning("tokens that end the output"))
+    stop: Strings = field(default_factory=list, metadata={"description": "strings that end the output"})
+    stop_token_ids: TokenIds = field(default_factory=list, metadata={"description": "tokens that end it"})
     ignore_eos: bool = param(False, "generate past the end-of-sequence token")
     logprobs: Annotated[int, Ge(0), Le(20)] | None = param(None, "top alternatives per token")
     skip_special_tokens: bool = param(True, "leave special tokens out of the text")
@@ -93,21 +89,10 @@ class SamplingParams:
         return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
 
+# Beam search is greedy (temperature 0) and takes these; every other parameter must keep its default.
 BEAM_SEARCH_TAKES = frozenset(
-    {
-        "max_tokens",
-        "temperature",  # 0 only
-        "seed",
-        "stop_token_ids",
-        "ignore_eos",
-        "skip_special_tokens",
-        "include_stop_str_in_output",
-        "n",
-        "use_beam_search",
-        "best_of",
-        "length_penalty",
-        "early_stopping",
-    }
+    {"max_tokens", "temperature", "seed", "stop_token_ids", "ignore_eos", "skip_special_tokens"}
+    | {"include_stop_str_in_output", "n", "use_beam_search", "best_of", "length_penalty", "early_stopping"}
 )
 
 

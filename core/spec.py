@@ -44,19 +44,10 @@ def _storable(hint: Any) -> Any:
     if origin is Annotated:
         return Annotated[(_storable(args[0]), *hint.__metadata__)]
     if origin is list:
-        return list[_storable(args[0])]  # type: ignore[misc]
+        return list[_storable(args[0])]
     if origin in (Union, UnionType):
         return reduce(operator.or_, map(_storable, args))
     return hint
-
-
-def _spec_field(parameter: dataclasses.Field[Any]) -> tuple[Any, Any]:
-    description = parameter.metadata.get("description")
-    if parameter.default_factory is dataclasses.MISSING:
-        info = Field(parameter.default, description=description)
-    else:
-        info = Field(default_factory=parameter.default_factory, description=description)
-    return _storable(sampling.hints()[parameter.name]), info
 
 
 class _Sampling(BaseModel):
@@ -88,7 +79,8 @@ SamplingSpec = create_model(
     "SamplingSpec",
     __base__=_Sampling,
     __doc__="The engine's sampling parameters, with its names, defaults, bounds and rules (vLLM's meanings).",
-    **{parameter.name: _spec_field(parameter) for parameter in dataclasses.fields(SamplingParams)},
+    # pydantic takes a dataclass field's default (or factory) and its metadata (the description) as they are
+    **{f.name: (_storable(sampling.hints()[f.name]), f) for f in dataclasses.fields(SamplingParams)},
 )
 
 
