@@ -20,7 +20,7 @@ from api.batch_lines import CHAT, COMPLETIONS, read_lines
 from api.openai_online import OpenAIError, online_request
 from api.routes.generate import GenerateIn
 from contract.context import context_problem, max_model_len
-from contract.sampling import SamplingParams
+from contract.sampling import SamplingParams, hints
 from core.spec import JobSpec, SamplingSpec
 
 MANY = settings(
@@ -174,6 +174,10 @@ def test_an_openai_request_asking_for_logprobs_is_never_one_the_engine_refuses(
         assert engine_accepts(spec.engine_params())
     if params.get("use_beam_search") and logprobs.get("logprobs") not in (None, False):
         assert spec is None  # beam search returns no logprobs: refused at submission
+
+
+def test_every_parameter_is_generated_here() -> None:
+    assert set(FIELDS) == set(hints()), "a new parameter needs its values (edges included) in FIELDS"
 
 
 def test_the_new_users_request_names_the_field_at_fault() -> None:
