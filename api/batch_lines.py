@@ -135,10 +135,16 @@ def _envelope(request: dict[str, Any], endpoint: str) -> dict[str, Any]:
     return request
 
 
-def to_spec(body: dict[str, Any], endpoint: str, served_model: str) -> tuple[JobSpec, bool]:
-    """The job spec for an OpenAI request body, and whether it fills the context (no max_tokens)."""
+def to_spec(
+    body: dict[str, Any], endpoint: str, served_model: str, logprobs: int | None = None
+) -> tuple[JobSpec, bool]:
+    """The job spec for an OpenAI request body, and whether it fills the context (no max_tokens).
+    ``logprobs``: the top alternatives per token, from OpenAI's logprobs fields that the caller took
+    (the online routes return them; a batch line refuses them)."""
     fields = {key: value for key, value in body.items() if value is not None and key not in IGNORED}
     _refuse_what_cannot_be_honoured(fields, endpoint)
+    if logprobs is not None:
+        fields["logprobs"] = logprobs
     model = fields.pop("model", None)
     if model is not None and model != served_model:
         message = f"model {model!r} is not served here; this service serves {served_model!r}"

@@ -8,7 +8,7 @@ and ``stream`` allowed here. Errors use OpenAI's body, ``{"error": {message, typ
 import json
 import time
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, NamedTuple
 
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
@@ -39,8 +39,23 @@ class OpenAIError(Exception):
         return JSONResponse({"error": body}, status_code=self.status)
 
 
+class OnlineRequest(NamedTuple):
+    spec: JobSpec
+    fills_context: bool  # no max_tokens: it gets what the context leaves once the prompt is encoded
+    stream: bool
+    include_usage: bool  # the stream ends with a usage chunk
+
+
 def online_spec(service: Service, body: dict[str, Any], endpoint: str) -> tuple[JobSpec, bool, bool]:
     """The job spec of a request, whether it streams, and whether the stream ends with usage."""
+    request = online_request(body, endpoint, service.settings.served_model_name)
+    if request.fills_context:
+        request.spec.max_tokens = service.prompts.context_length - len(_encode(service, request.spec))
+    return request.spec, request.stream, request.include_usage
+
+
+def online_request(body: dict[str, Any], endpoint: str, served_model: str) -> OnlineRequest:
+    """A request body mapped and checked: every refusal but the context's (that needs the prompt's tokens)."""
     fields = dict(body)
     stream = fields.pop("stream", None) or False
     options = fields.pop("stream_options", None) or {}
@@ -56,14 +71,11 @@ def online_spec(service: Service, body: dict[str, Any], endpoint: str) -> tuple[
     if not isinstance(options, dict) or options.keys() - {"include_usage"}:
         raise OpenAIError(400, "stream_options takes only include_usage", "stream_options", "invalid_value")
     try:
-        spec, fills_context = to_spec(fields, endpoint, service.settings.served_model_name)
+        spec, fills_context = to_spec(fields, endpoint, served_model, top_logprobs)
     except LineError as error:
         param = (error.param or "").removeprefix("body.") or None
         raise OpenAIError(400, error.message, param, error.code) from None
-    spec.logprobs = top_logprobs
-    if fills_context:
-        spec.max_tokens = service.prompts.context_length - len(_encode(service, spec))
-    return spec, stream, bool(options.get("include_usage"))
+    return OnlineRequest(spec, fills_context, stream, bool(options.get("include_usage")))
 
 
 def _logprobs_asked(fields: dict[str, Any], endpoint: str) -> int | None:

@@ -1,6 +1,5 @@
 """A job's prompt as the token ids the engine will run, and the check that it fits the context."""
 
-import math
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -8,6 +7,7 @@ from pathlib import Path
 from transformers import AutoConfig, AutoTokenizer
 
 from api.piece_encoding import PieceEncoder
+from contract import context
 from core.spec import ChatMessage, JobSpec
 
 
@@ -26,25 +26,13 @@ class ContextExceeded(PromptError):
 ENCODE_CHUNK = 2048  # texts per batch encode: the lock is released between chunks
 
 
-def context_length(model_dir: Path, max_model_len: int | None) -> int:
-    """The tokens a job may span (prompt + output), the way the engine computes it."""
-    config = AutoConfig.from_pretrained(model_dir)
-    limit = getattr(config, "max_position_embeddings", None) or math.inf
-    window = getattr(config, "sliding_window", None)
-    if window and getattr(config, "use_sliding_window", True):
-        limit = min(limit, window)  # the engine's attention is full: it stays where full equals windowed
-    limit = min(limit, max_model_len or math.inf)
-    if limit == math.inf:
-        raise ValueError(f"{model_dir}: config.json has no max_position_embeddings; set PAGEDQ_MAX_MODEL_LEN")
-    return int(limit)
-
-
 class PromptEncoder:
     """Tokenizes once, at submission: the worker runs the stored ids and never sees the text again."""
 
     def __init__(self, model_dir: Path, max_model_len: int | None) -> None:
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        self.context_length = context_length(model_dir, max_model_len)
+        config = AutoConfig.from_pretrained(model_dir).to_dict()
+        self.context_length = context.max_model_len(config, max_model_len)  # prompt + output, as the engine
         fast = self.tokenizer.is_fast
         self._chats = PieceEncoder(self.tokenizer.backend_tokenizer) if fast else None
         # A fast tokenizer's Rust state must not be borrowed by two threads at once.
@@ -123,13 +111,8 @@ class PromptEncoder:
         field = "messages" if spec.messages is not None else "prompt"
         if not token_ids:
             return PromptError(field, "the prompt encodes to no tokens")
-        total = len(token_ids) + spec.max_tokens
-        if total > self.context_length:
-            return ContextExceeded(
-                field,
-                f"prompt ({len(token_ids)} tokens) + max_tokens ({spec.max_tokens}) = {total} tokens "
-                f"exceeds the model's context of {self.context_length} tokens",
-            )
+        if problem := context.context_problem(len(token_ids), spec.max_tokens, self.context_length):
+            return ContextExceeded(field, problem)
         return token_ids
 
     def _text(self, prompt: str) -> list[int]:

@@ -43,6 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import httpx
@@ -54,6 +55,7 @@ sys.path.insert(0, str(REPO))
 
 from engine_throughput import wait_quiet  # noqa: E402
 
+from contract.engine import DEFAULT_MODEL  # noqa: E402
 from core.queue import queue_name  # noqa: E402
 from core.settings import Settings  # noqa: E402
 from migrations import upgrade  # noqa: E402
@@ -289,11 +291,7 @@ def batch_end_to_end(url: str, docs: int, max_tokens: int) -> float:
 
 def direct_llm(settings: Settings) -> LLM:
     """The engine as a library, with the worker's engine settings: the baseline of parts 2, 4 and 5."""
-    return LLM(
-        settings.model,
-        max_num_seqs=settings.max_num_seqs,
-        max_num_batched_tokens=settings.max_num_batched_tokens,
-    )
+    return LLM(**asdict(settings.engine_config()))
 
 
 def generate_directly(llm: LLM, docs: int, max_tokens: int) -> float:
@@ -329,7 +327,7 @@ def verdict(interval: tuple[float, float, float], target: float) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--model", default=DEFAULT_MODEL)
     parser.add_argument("--seconds", type=int, default=10, help="length of each wrk run")
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--api-workers", type=int, default=2, help="API processes (PAGEDQ_API_WORKERS)")

@@ -1,10 +1,15 @@
 """Every setting of the job service, read from ``PAGEDQ_*`` environment variables."""
 
+from dataclasses import fields
 from pathlib import Path
 from typing import Literal
 
 from pydantic import model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from contract.engine import EngineConfig
+
+ENGINE = EngineConfig()  # the engine's defaults are the worker's
 
 
 def default_data_dir() -> Path:
@@ -20,7 +25,7 @@ class Settings(BaseSettings):
     data_dir: Path = default_data_dir()
     database_url: str = ""  # default: sqlite:///<data_dir>/pagedq.db
     broker_url: str = ""  # default: filesystem://<data_dir>/broker (no server)
-    model: str = "smollm2-135m-instruct"  # a Hugging Face directory or the built-in default
+    model: str = ENGINE.model  # a Hugging Face directory or the built-in default
     log_level: str = "INFO"
     log_format: Literal["auto", "json", "text"] = "auto"  # auto: text lines on a terminal, else JSON lines
 
@@ -33,17 +38,17 @@ class Settings(BaseSettings):
     max_wait_seconds: float = 60.0  # the longest ``Prefer: wait=N`` honoured
     keep_jobs_of_disconnected_clients: bool = False  # an OpenAI-style request whose client left: keep it
 
-    # The worker's engine.
-    device: str = "auto"
-    dtype: str = "auto"
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 2048
-    max_model_len: int | None = None
-    block_size: int = 16
-    enable_prefix_caching: bool = True
-    gpu_memory_utilization: float = 0.9
-    kv_cache_bytes: int | None = None
-    enforce_eager: bool = False  # CUDA: no graph capture of decode steps
+    # The worker's engine: EngineConfig's knobs, with its defaults (contract/engine.py says why).
+    device: str = ENGINE.device
+    dtype: str = ENGINE.dtype
+    max_num_seqs: int = ENGINE.max_num_seqs
+    max_num_batched_tokens: int = ENGINE.max_num_batched_tokens
+    max_model_len: int | None = ENGINE.max_model_len
+    block_size: int = ENGINE.block_size
+    enable_prefix_caching: bool = ENGINE.enable_prefix_caching
+    gpu_memory_utilization: float = ENGINE.gpu_memory_utilization
+    kv_cache_bytes: int | None = ENGINE.kv_cache_bytes
+    enforce_eager: bool = ENGINE.enforce_eager  # CUDA: no graph capture of decode steps
 
     # Webhooks (Standard Webhooks), sent by ``pagedq webhooks`` from their own queue.
     webhook_url: str = ""  # a global endpoint for every event; jobs and batches may name their own
@@ -100,6 +105,11 @@ class Settings(BaseSettings):
     def served_model_name(self) -> str:
         """The name clients and queues know the model by: the directory's name for a path."""
         return Path(self.model.rstrip("/")).name
+
+    def engine_config(self) -> EngineConfig:
+        """The worker's engine: every EngineConfig knob that is a setting; the rest keep their defaults."""
+        knobs = {knob.name for knob in fields(EngineConfig)} & set(Settings.model_fields)
+        return EngineConfig(**self.model_dump(include=knobs))
 
     @property
     def jobs_held_per_worker(self) -> int:

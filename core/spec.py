@@ -1,9 +1,29 @@
-"""The job spec: what a client may ask of one job. Sampling fields mirror the engine's SamplingParams."""
+"""The job spec: what a client may ask of one job.
 
-from typing import Annotated, Any, Literal, Self
+Its sampling fields are generated from the request contract (contract/sampling.py), and it validates
+them by building the engine's ``SamplingParams``: the API refuses exactly what the engine would.
+"""
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, HttpUrl, model_validator
+import dataclasses
+import operator
+from functools import reduce
+from types import UnionType
+from typing import Annotated, Any, Literal, Self, Union, get_args, get_origin
 
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    HttpUrl,
+    ValidationError,
+    create_model,
+    model_validator,
+)
+from pydantic_core import InitErrorDetails, PydanticCustomError
+
+from contract import sampling
+from contract.sampling import ContractError, SamplingParams
 from core.webhooks import JobEvent
 
 
@@ -14,60 +34,54 @@ def _no_nul(text: str) -> str:
 
 
 Text = Annotated[str, AfterValidator(_no_nul)]
-StopList = Annotated[list[Annotated[Text, Field(min_length=1)]], Field(max_length=16)]
 
 
-class SamplingSpec(BaseModel):
-    """The engine's sampling parameters, with its names, defaults and bounds (vLLM's meanings)."""
+def _storable(hint: Any) -> Any:
+    """A contract type with every ``str`` in it a ``Text``: what the database can store."""
+    origin, args = get_origin(hint), get_args(hint)
+    if hint is str:
+        return Text
+    if origin is Annotated:
+        return Annotated[(_storable(args[0]), *hint.__metadata__)]
+    if origin is list:
+        return list[_storable(args[0])]
+    if origin in (Union, UnionType):
+        return reduce(operator.or_, map(_storable, args))
+    return hint
 
+
+class _Sampling(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    max_tokens: int = Field(16, ge=1, description="tokens to generate at most")
-    min_tokens: int = Field(0, ge=0, description="tokens to generate before EOS or a stop is honoured")
-    temperature: float = Field(1.0, ge=0.0, le=10.0, description="0 is greedy decoding")
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: int = Field(0, ge=-1, description="0 or -1 disables")
-    min_p: float = Field(0.0, ge=0.0, le=1.0)
-    repetition_penalty: float = Field(1.0, gt=0.0, le=10.0)
-    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
-    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
-    seed: int | None = Field(None, ge=0, lt=2**63)
-    stop: StopList = Field(default_factory=list, description="strings that end the output")
-    stop_token_ids: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list, max_length=16)
-    ignore_eos: bool = False
-    logprobs: int | None = Field(None, ge=0, le=20, description="top alternatives per token")
-    skip_special_tokens: bool = True
-    include_stop_str_in_output: bool = False
-    n: int = Field(1, ge=1, le=16, description="samples to return (beams to return with beam search)")
-    use_beam_search: bool = Field(False, description="beam search over best_of (default n) beams")
-    best_of: int | None = Field(None, ge=2, le=16, description="beam width")
-    length_penalty: float = Field(1.0, ge=-10.0, le=10.0, description="beam score = logprob / len**this")
-    early_stopping: bool | Literal["never"] = False
-
     @model_validator(mode="after")
-    def _min_within_max(self) -> Self:
-        if self.min_tokens > self.max_tokens:
-            raise ValueError(f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
-        return self
-
-    @model_validator(mode="after")
-    def _beam_search_is_greedy(self) -> Self:
-        if not self.use_beam_search:
-            if self.best_of is not None:
-                raise ValueError("best_of is the beam width: it needs use_beam_search")
-            return self
-        width = self.best_of or self.n
-        if width < 2 or width < self.n:
-            raise ValueError(
-                f"beam search needs best_of (or n) >= 2 and >= n, got best_of={width}, n={self.n}"
-            )
-        if self.temperature != 0.0 or self.stop or self.logprobs is not None:
-            raise ValueError("beam search takes temperature 0 and neither stop strings nor logprobs")
+    def _engine_accepts(self) -> Self:
+        """The engine's own check (bounds and rules between fields), each problem under its field."""
+        try:
+            SamplingParams(**self.engine_params())
+        except ContractError as error:
+            problems = [
+                InitErrorDetails(
+                    type=PydanticCustomError("value_error", problem.message),
+                    loc=(problem.field,),
+                    input=getattr(self, problem.field),
+                )
+                for problem in error.problems
+            ]
+            raise ValidationError.from_exception_data(type(self).__name__, problems) from None
         return self
 
     def engine_params(self) -> dict[str, Any]:
         """The keyword arguments of the engine's ``SamplingParams``."""
-        return self.model_dump(include=set(SamplingSpec.model_fields))
+        return self.model_dump(include=set(sampling.hints()))
+
+
+SamplingSpec = create_model(
+    "SamplingSpec",
+    __base__=_Sampling,
+    __doc__="The engine's sampling parameters, with its names, defaults, bounds and rules (vLLM's meanings).",
+    # pydantic takes a dataclass field's default (or factory) and its metadata (the description) as they are
+    **{f.name: (_storable(sampling.hints()[f.name]), f) for f in dataclasses.fields(SamplingParams)},
+)
 
 
 class ChatMessage(BaseModel):

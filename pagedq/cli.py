@@ -11,6 +11,8 @@ from pagedq.logs import configure_logging
 if TYPE_CHECKING:
     from core.settings import Settings
 
+from contract.engine import DEFAULT_MODEL
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
@@ -27,8 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("prompts", nargs="+", help="one or more prompts")
     generate.add_argument(
         "--model",
-        default=os.environ.get("PAGEDQ_MODEL", "smollm2-135m-instruct"),
-        help="a local Hugging Face directory, or the built-in smollm2-135m-instruct",
+        help=f"a Hugging Face directory or the built-in {DEFAULT_MODEL}; default: $PAGEDQ_MODEL or that",
     )
     generate.add_argument("--chat", action="store_true", help="wrap each prompt in the model's chat template")
     generate.add_argument("--max-tokens", type=int, default=128)
@@ -115,9 +116,10 @@ def positive(text: str) -> int:
 
 
 def run_generate(args: argparse.Namespace) -> int:
+    from core.settings import Settings
     from worker.engine import LLM, SamplingParams
 
-    llm = LLM(args.model, device=args.device, dtype=args.dtype)
+    llm = LLM(args.model or Settings().model, device=args.device, dtype=args.dtype)
     params = SamplingParams(
         temperature=args.temperature, top_p=args.top_p, max_tokens=args.max_tokens, seed=args.seed
     )

@@ -249,6 +249,21 @@ def test_bad_input_is_a_4xx_that_says_what_is_wrong(
     assert all(set(item) == {"type", "loc", "msg"} for item in response.json()["detail"])
 
 
+def test_what_the_engine_would_refuse_is_a_422_at_submission_not_a_failed_job(
+    client: TestClient, db: sessionmaker[Session], service_settings: Settings
+) -> None:
+    body = {"prompt": "Hello", "use_beam_search": True, "n": 2, "temperature": 0, "top_k": 5, "max_tokens": 8}
+
+    response = client.post("/v1/jobs", json=body)
+
+    assert response.status_code == 422, response.text
+    [problem] = response.json()["detail"]
+    assert problem["loc"] == ["body", "top_k"] and "beam search does not support top_k" in problem["msg"]
+    with db() as session:
+        assert session.scalars(select(Job)).all() == []
+    assert _depth(service_settings) == 0
+
+
 def test_too_long_prompt_names_the_numbers(client: TestClient) -> None:
     prompt_tokens = _submit(client)["usage"]["prompt_tokens"]
 

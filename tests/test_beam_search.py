@@ -102,7 +102,7 @@ def test_beams_of_a_request_advance_together_under_a_small_token_budget(setup, t
     ("options", "message"),
     [
         ({"temperature": 0.7}, "temperature must be 0"),
-        ({"stop": ["x"]}, "not stop strings"),
+        ({"stop": ["x"]}, "does not support stop"),
         ({"n": 1}, "at least 2 beams"),
         ({"n": 3, "best_of": 2}, "must be >= n"),
     ],

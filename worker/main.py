@@ -23,7 +23,7 @@ from core.settings import Settings
 from core.streams import streams_url
 from core.webhooks import Outbox
 from worker.batches import BatchKeeper
-from worker.engine import EngineConfig, LLMEngine
+from worker.engine import LLMEngine
 from worker.health import WorkerHealth
 from worker.host import EngineHost, RunResult
 from worker.reconciler import Reconciler
@@ -31,24 +31,6 @@ from worker.store import JobStore
 from worker.streamer import TokenStreamer
 
 logger = logging.getLogger("pagedq.worker")
-
-
-def build_engine(settings: Settings) -> LLMEngine:
-    return LLMEngine(
-        EngineConfig(
-            model=settings.model,
-            dtype=settings.dtype,
-            device=settings.device,
-            block_size=settings.block_size,
-            max_num_seqs=settings.max_num_seqs,
-            max_num_batched_tokens=settings.max_num_batched_tokens,
-            max_model_len=settings.max_model_len,
-            enable_prefix_caching=settings.enable_prefix_caching,
-            gpu_memory_utilization=settings.gpu_memory_utilization,
-            kv_cache_bytes=settings.kv_cache_bytes,
-            enforce_eager=settings.enforce_eager,
-        )
-    )
 
 
 def register_run_job(app: Celery, host: EngineHost) -> None:
@@ -96,7 +78,7 @@ def run_worker(settings: Settings, ready_fd: int | None = None) -> None:
     streamer = TokenStreamer(url) if url else None
     health = WorkerHealth(settings.resolved_worker_status_file, settings.heartbeat_period, worker_id)
     host = EngineHost(
-        lambda: build_engine(settings),
+        lambda: LLMEngine(settings.engine_config()),
         store,
         publish,
         worker_id,

@@ -1,34 +1,6 @@
-"""Every knob of the engine, in one flat dataclass."""
+"""The engine's knobs: ``EngineConfig`` lives in the shared contract (contract/engine.py), so that the
+service's settings take their defaults from it without importing the engine."""
 
-from dataclasses import dataclass
+from contract.engine import DEFAULT_MODEL, EngineConfig
 
-
-@dataclass
-class EngineConfig:
-    model: str = "smollm2-135m-instruct"
-    dtype: str = "auto"  # auto | float32 | bfloat16 | float16
-    device: str = "auto"  # auto | cpu | cuda | cuda:N
-    block_size: int = 16
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 4096
-    max_model_len: int | None = None  # defaults to the model's context length
-    enable_prefix_caching: bool = True
-    gpu_memory_utilization: float = 0.9
-    kv_cache_bytes: int | None = None  # CPU KV budget; None picks a share of RAM
-    load_format: str = "safetensors"  # safetensors | dummy
-    enforce_eager: bool = False  # True: no CUDA graphs for decode steps (CPU always runs eagerly)
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        if self.block_size < 1 or self.block_size & (self.block_size - 1):
-            raise ValueError(f"block_size must be a power of two, got {self.block_size}")
-        if self.max_num_seqs < 1:
-            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
-        if self.max_num_batched_tokens < 1:
-            raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
-        if not 0.0 < self.gpu_memory_utilization <= 1.0:
-            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
-        if self.load_format not in ("safetensors", "dummy"):
-            raise ValueError(f"load_format must be 'safetensors' or 'dummy', got {self.load_format!r}")
-        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
-            raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
+__all__ = ["DEFAULT_MODEL", "EngineConfig"]

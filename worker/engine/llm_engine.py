@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import AutoTokenizer, GenerationConfig, PreTrainedTokenizerBase
 
+from contract.context import context_problem, max_model_len
 from worker.engine.beam_search import BeamSearch, Continuation, Hypothesis
 from worker.engine.block_manager import BlockManager
 from worker.engine.config import EngineConfig
@@ -42,9 +43,7 @@ class LLMEngine:
     def __post_init__(self) -> None:
         path = resolve_model(self.config.model)
         self.model_config = ModelConfig.from_pretrained(path)
-        self.max_model_len = min(
-            self.config.max_model_len or self.model_config.max_model_len, self.model_config.max_model_len
-        )
+        self.max_model_len = max_model_len(self.model_config.hf_config.to_dict(), self.config.max_model_len)
         self.tokenizer: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(path)
         self.eos_token_ids = self._eos_token_ids(path)
         self.runner = ModelRunner(self.config, self.model_config, self.max_model_len)
@@ -101,13 +100,9 @@ class LLMEngine:
             raise ValueError(
                 f"request {request_id!r}: token ids must be in [0, {self.model_config.vocab_size})"
             )
+        if problem := context_problem(len(token_ids), params.max_tokens, self.max_model_len):
+            raise ValueError(f"request {request_id!r}: {problem}")
         total = len(token_ids) + params.max_tokens
-        if total > self.max_model_len:
-            raise ValueError(
-                f"request {request_id!r}: prompt ({len(token_ids)} tokens) + "
-                f"max_tokens ({params.max_tokens}) "
-                f"= {total} exceeds the model's context of {self.max_model_len} tokens"
-            )
         if self.block_manager.blocks_needed(total) > self.block_manager.num_blocks:
             raise ValueError(
                 f"request {request_id!r}: needs {total} tokens of KV cache but the whole pool holds "

@@ -65,14 +65,6 @@ class ModelConfig:
         return bool(getattr(self.hf_config, "tie_word_embeddings", False))
 
     @property
-    def max_model_len(self) -> int:
-        limit = self.hf_config.max_position_embeddings
-        window = getattr(self.hf_config, "sliding_window", None)
-        if window and getattr(self.hf_config, "use_sliding_window", True):
-            limit = min(limit, window)  # attention here is full; stay where full equals windowed
-        return limit
-
-    @property
     def torch_dtype(self) -> torch.dtype:
         dtype = getattr(self.hf_config, "dtype", None) or getattr(self.hf_config, "torch_dtype", None)
         if isinstance(dtype, str):

@@ -1,0 +1,43 @@
+"""Every knob of the engine, in one flat dataclass, with the one set of defaults: the engine's as a library
+(``LLM(...)``) and the worker's (``core/settings.py`` takes its ``PAGEDQ_*`` defaults from here)."""
+
+from dataclasses import dataclass
+
+DEFAULT_MODEL = "smollm2-135m-instruct"  # the built-in model (worker/engine/default_model.py)
+
+
+@dataclass
+class EngineConfig:
+    model: str = DEFAULT_MODEL
+    dtype: str = "auto"  # auto | float32 | bfloat16 | float16
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    block_size: int = 16
+    # Seats are cheap: a waiting or short sequence holds only the KV blocks it fills, and a full pool
+    # preempts. 256 (vLLM's default, the benchmarks' setting) lets the KV pool, not the seat count,
+    # bound a GPU's batch; a worker also holds this many jobs at once.
+    max_num_seqs: int = 256
+    # Tokens per step: a prompt's prefill is chunked to this, and every running decode waits for the
+    # step. 2048 (vLLM's for its online server) keeps streams' inter-token latency low while a long prompt
+    # prefills; 4096 and 8192 measured no faster (bench/RESULTS.md).
+    max_num_batched_tokens: int = 2048
+    max_model_len: int | None = None  # defaults to the model's context length
+    enable_prefix_caching: bool = True
+    gpu_memory_utilization: float = 0.9
+    kv_cache_bytes: int | None = None  # CPU KV budget; None picks a share of RAM
+    load_format: str = "safetensors"  # safetensors | dummy
+    enforce_eager: bool = False  # True: no CUDA graphs for decode steps (CPU always runs eagerly)
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1 or self.block_size & (self.block_size - 1):
+            raise ValueError(f"block_size must be a power of two, got {self.block_size}")
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.max_num_batched_tokens < 1:
+            raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.load_format not in ("safetensors", "dummy"):
+            raise ValueError(f"load_format must be 'safetensors' or 'dummy', got {self.load_format!r}")
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
