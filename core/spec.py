@@ -1,19 +1,30 @@
 """The job spec: what a client may ask of one job. Sampling fields mirror the engine's SamplingParams."""
 
+import re
 from typing import Annotated, Any, Literal, Self
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, HttpUrl, model_validator
 
 from core.webhooks import JobEvent
 
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")  # JSON may escape one ("\\ud800"); UTF-8 cannot encode it
 
-def _no_nul(text: str) -> str:
+
+def storable(text: str) -> str:
+    """The rule for every text a client sends: what PostgreSQL, UTF-8 and the tokenizer all take."""
     if "\x00" in text:
         raise ValueError("text must not contain NUL (\\u0000) characters")
+    if LONE_SURROGATE.search(text):
+        raise ValueError("text must be valid Unicode: it contains a lone surrogate (\\ud800-\\udfff)")
     return text
 
 
-Text = Annotated[str, AfterValidator(_no_nul)]
+def escaped(text: str) -> str:
+    """``text`` with what ``storable`` refuses written as escapes: client text echoed in an error."""
+    return LONE_SURROGATE.sub(lambda match: f"\\u{ord(match[0]):04x}", text).replace("\x00", "\\u0000")
+
+
+Text = Annotated[str, AfterValidator(storable)]
 StopList = Annotated[list[Annotated[Text, Field(min_length=1)]], Field(max_length=16)]
 
 
