@@ -39,8 +39,9 @@ class OpenAIError(Exception):
         return JSONResponse({"error": body}, status_code=self.status)
 
 
-def online_spec(service: Service, body: dict[str, Any], endpoint: str) -> tuple[JobSpec, bool, bool]:
-    """The job spec of a request, whether it streams, and whether the stream ends with usage."""
+def online_spec(service: Service, body: dict[str, Any], endpoint: str) -> tuple[JobSpec, bool, bool, bool]:
+    """The job spec of a request, whether it fills the context (no max_tokens), whether it streams, and
+    whether the stream ends with usage."""
     fields = dict(body)
     stream = fields.pop("stream", None) or False
     options = fields.pop("stream_options", None) or {}
@@ -61,9 +62,7 @@ def online_spec(service: Service, body: dict[str, Any], endpoint: str) -> tuple[
         param = (error.param or "").removeprefix("body.") or None
         raise OpenAIError(400, error.message, param, error.code) from None
     spec.logprobs = top_logprobs
-    if fills_context:
-        spec.max_tokens = service.prompts.context_length - len(_encode(service, spec))
-    return spec, stream, bool(options.get("include_usage"))
+    return spec, fills_context, stream, bool(options.get("include_usage"))
 
 
 def _logprobs_asked(fields: dict[str, Any], endpoint: str) -> int | None:
@@ -90,16 +89,9 @@ def _int(value: Any, param: str) -> int:
     return value
 
 
-def _encode(service: Service, spec: JobSpec) -> list[int]:
+async def submit(service: Service, spec: JobSpec, fills_context: bool = False) -> Job:
     try:
-        return service.prompts.encode(spec)
-    except ValueError as error:
-        raise OpenAIError(400, str(error), None, "context_length_exceeded") from error
-
-
-async def submit(service: Service, spec: JobSpec) -> Job:
-    try:
-        job, _ = await jobs.submit(service, spec, None)
+        job, _ = await jobs.submit(service, spec, None, fills_context)
     except RequestValidationError as error:
         problem = error.errors()[0]
         param = ".".join(str(part) for part in problem["loc"][1:]) or None
