@@ -4,12 +4,13 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 from starlette.concurrency import run_in_threadpool
 
 from api.batch_check import BatchChecker
+from api.body_limit import BodyLimit
 from api.bulk_publisher import BulkPublisher
-from api.deps import Service
+from api.deps import Service, storable_url
 from api.errors import install_error_handlers
 from api.live import LiveStreams
 from api.metrics import Metrics
@@ -38,11 +39,18 @@ def create_app(settings: Settings, model_dir: Path) -> FastAPI:
         await service.waiter.close()
         await run_in_threadpool(service.bulk_publisher.close)
         await run_in_threadpool(service.batch_checker.close)
+        service.prompts.close()
         if service.live is not None:
             await service.live.close()
         service.engine.dispose()
 
-    app = FastAPI(title="pagedq", version="0.1.0", description=DESCRIPTION, lifespan=lifespan)
+    app = FastAPI(
+        title="pagedq",
+        version="0.1.0",
+        description=DESCRIPTION,
+        lifespan=lifespan,
+        dependencies=[Depends(storable_url)],
+    )
     app.state.service = service
     app.include_router(jobs.router)
     app.include_router(files.router)
@@ -51,6 +59,7 @@ def create_app(settings: Settings, model_dir: Path) -> FastAPI:
     app.include_router(openai.router)
     app.include_router(generate.router)
     app.include_router(health.router)
+    app.add_middleware(BodyLimit, settings=settings)
     install_error_handlers(app)
     return app
 

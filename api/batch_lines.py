@@ -13,7 +13,7 @@ from typing import Any, Literal, get_args
 from pydantic import ValidationError
 from pydantic_core import ErrorDetails, from_json
 
-from core.spec import JobSpec
+from core.spec import JobSpec, escaped, storable
 
 Endpoint = Literal["/v1/chat/completions", "/v1/completions"]
 CHAT, COMPLETIONS = get_args(Endpoint)
@@ -52,7 +52,8 @@ class LineError(Exception):
         return LineError, (self.line, self.code, self.message, self.param)  # it crosses processes
 
     def as_json(self) -> dict[str, Any]:
-        return {"code": self.code, "message": self.message, "line": self.line, "param": self.param}
+        param = escaped(self.param) if self.param else self.param  # it may name a client's key
+        return {"code": self.code, "message": escaped(self.message), "line": self.line, "param": param}
 
 
 @dataclass
@@ -97,7 +98,9 @@ def _error(code: str, message: str, param: str | None = None) -> LineError:
 def _json_object(raw: bytes) -> dict[str, Any]:
     try:
         value = from_json(raw)  # several times faster than json.loads on a request line
-    except ValueError:
+    except ValueError as error:
+        if "recursion limit" in str(error):  # deeper than anything a request needs (about 200 levels)
+            raise _error("invalid_json_line", f"not valid JSON: nested too deeply ({error})") from None
         value = _loads_or_explain(raw)
     if not isinstance(value, dict):
         raise _error("invalid_json_line", f"expected a JSON object, got {type(value).__name__}")
@@ -106,13 +109,21 @@ def _json_object(raw: bytes) -> dict[str, Any]:
 
 def _loads_or_explain(raw: bytes) -> Any:
     """A line ``from_json`` rejected, through ``json.loads``: its error, whose messages are the familiar
-    ones, or the value where only ``from_json`` is stricter (a lone surrogate escape, UTF-16)."""
+    ones, or the value where only ``from_json`` is stricter (UTF-16; a lone surrogate escape, refused
+    here too: no field of a line may hold one, and an error naming it could not be stored)."""
     try:
-        return json.loads(raw)
+        value = json.loads(raw)
+        json.dumps(value, ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        message = "not valid JSON text: it escapes a lone surrogate (\\ud800-\\udfff)"
+        raise _error("invalid_json_line", message) from None
     except json.JSONDecodeError as error:
         raise _error("invalid_json_line", f"not valid JSON: {error.msg} at column {error.colno}") from None
     except UnicodeDecodeError:
         raise _error("invalid_json_line", "not valid UTF-8") from None
+    except RecursionError:  # UTF-16 or a surrogate sent it here, past from_json's own depth limit
+        raise _error("invalid_json_line", "not valid JSON: nested too deeply") from None
+    return value
 
 
 def _envelope(request: dict[str, Any], endpoint: str) -> dict[str, Any]:
@@ -125,6 +136,10 @@ def _envelope(request: dict[str, Any], endpoint: str) -> dict[str, Any]:
     if not isinstance(custom_id, str) or not 0 < len(custom_id) <= MAX_CUSTOM_ID:
         message = f"custom_id must be a string of 1 to {MAX_CUSTOM_ID} characters"
         raise _error("invalid_value", message, "custom_id")
+    try:
+        storable(custom_id)
+    except ValueError as error:
+        raise _error("invalid_value", f"custom_id: {error}", "custom_id") from None
     if request["method"] != "POST":
         raise _error("invalid_method", f"method must be 'POST', got {request['method']!r}", "method")
     if request["url"] != endpoint:

@@ -10,6 +10,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from api.batch_check import BatchChecker
 from api.bulk_publisher import BulkPublisher
+from api.errors import invalid
 from api.live import LiveStreams
 from api.metrics import Metrics
 from api.prompts import PromptEncoder
@@ -17,6 +18,7 @@ from api.submitter import Submitter
 from api.waiting import JobWaiter
 from core.queue import queue_name
 from core.settings import Settings
+from core.spec import storable
 
 
 @dataclass
@@ -43,3 +45,15 @@ def get_service(request: Request) -> Service:
 
 
 ServiceDep = Annotated[Service, Depends(get_service)]
+
+
+async def storable_url(request: Request) -> None:
+    """Every route's path and query parameters obey the text rule (PostgreSQL refuses NUL, ``%00``)."""
+    params = [("path", *item) for item in request.path_params.items()]
+    params += [("query", *item) for item in request.query_params.multi_items()]
+    for where, name, value in params:
+        for text in (name, value):
+            try:
+                storable(text)
+            except ValueError as error:
+                raise invalid((where, name), f"{where} parameter {name!r}: {error}", "invalid_text") from None

@@ -15,6 +15,8 @@ from fastapi.responses import JSONResponse, Response
 from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from core.spec import escaped
+
 logger = logging.getLogger(__name__)
 OPENAI_ROUTES = ("/v1/files", "/v1/batches")
 RETRY_LATER = {"Retry-After": "5"}  # on every 503: seconds a client should wait before it retries
@@ -69,7 +71,8 @@ def _param(problem: dict[str, Any]) -> str | None:
 
 def _concise(error: dict[str, Any]) -> dict[str, Any]:
     """Pydantic's error without the echoed input (a whole prompt) or its exception objects."""
-    loc, message = list(error["loc"]), error["msg"].removeprefix("Value error, ")
+    loc = [escaped(part) if isinstance(part, str) else part for part in error["loc"]]  # a client's key
+    message = error["msg"].removeprefix("Value error, ")
     if error["type"] == "json_invalid":
         reason = error.get("ctx", {}).get("error", "")
         message = f"the request body is not valid JSON: {reason} (at character {loc[-1]})"

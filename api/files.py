@@ -5,14 +5,28 @@ from sqlalchemy import or_, select
 from sqlalchemy.orm import Session, defer
 
 from api.deps import Service
+from api.errors import invalid
 from core.models import Batch, File, utcnow
+from core.spec import storable
 
-MAX_BYTES = 200 * 2**20  # OpenAI's limit for a batch input file
 PURPOSES = ("batch",)  # what may be uploaded; batches write ``batch_output`` files themselves
 
 
 def file_not_found(file_id: str) -> HTTPException:
     return HTTPException(404, f"file {file_id!r} not found")
+
+
+def checked_name(filename: str) -> str:
+    """An upload's file name as the ``files`` table takes it: storable text, at most 255 characters."""
+    limit = File.filename.type.length  # type: ignore[attr-defined]
+    try:
+        storable(filename)
+    except ValueError as error:
+        raise invalid(("body", "file"), f"the file name: {error}", "invalid_file_name") from None
+    if len(filename) > limit:
+        message = f"the file name is {len(filename)} characters long; at most {limit} are kept"
+        raise invalid(("body", "file"), message, "invalid_file_name")
+    return filename
 
 
 def store(service: Service, filename: str, purpose: str, content: bytes) -> File:

@@ -13,7 +13,7 @@ from starlette.concurrency import run_in_threadpool
 
 from api.deps import Service
 from api.errors import invalid, job_not_found
-from api.prompts import PromptError
+from api.prompts import ContextExceeded, PromptError
 from core.models import Job, utcnow
 from core.spec import JobSpec
 from core.states import TERMINAL, JobStatus
@@ -22,12 +22,23 @@ from core.webhooks import WebhookRefused, checked_address, publish_deliveries, r
 logger = logging.getLogger(__name__)
 
 
-async def submit(service: Service, spec: JobSpec, idempotency_key: str | None) -> tuple[Job, bool]:
+async def submit(
+    service: Service, spec: JobSpec, idempotency_key: str | None, fills_context: bool = False
+) -> tuple[Job, bool]:
     """The job for ``spec``, and whether it is new (False: an earlier request with the same key made it).
+    ``fills_context``: max_tokens is what the context leaves after the prompt (OpenAI's default).
 
     The row is committed before its id is published, so a worker never receives an id it cannot load.
     """
-    job = _new_job(service, spec, idempotency_key)
+    _check_model(service, spec)
+    try:
+        token_ids = await service.prompts.run(service.prompts.encode, spec)
+    except PromptError as error:
+        kind = "context_length_exceeded" if isinstance(error, ContextExceeded) else "invalid_prompt"
+        raise invalid(("body", error.field), str(error), kind) from error
+    if fills_context:
+        spec.max_tokens = service.prompts.context_length - len(token_ids)
+    job = _new_job(service, spec, token_ids, idempotency_key)
     if job.webhook_url is not None:
         await run_in_threadpool(check_webhook_url, service, job.webhook_url)  # it may resolve a host name
     if idempotency_key is None:
@@ -48,19 +59,18 @@ def _submit_once(service: Service, job: Job, idempotency_key: str) -> tuple[Job,
     return job, True
 
 
-def _new_job(service: Service, spec: JobSpec, idempotency_key: str | None) -> Job:
+def _check_model(service: Service, spec: JobSpec) -> None:
     served = service.settings.served_model_name
     if spec.model is not None and spec.model != served:
         message = f"model {spec.model!r} is not served here; this service serves {served!r}"
         raise invalid(("body", "model"), message, "model_not_served")
-    try:
-        token_ids = service.prompts.encode(spec)
-    except PromptError as error:
-        raise invalid(("body", error.field), str(error), "prompt") from error
+
+
+def _new_job(service: Service, spec: JobSpec, token_ids: list[int], idempotency_key: str | None) -> Job:
     now = utcnow()
     return Job(
         status=JobStatus.QUEUED,
-        model=served,
+        model=service.settings.served_model_name,
         priority=spec.priority,
         prompt=spec.prompt,
         messages=[message.model_dump() for message in spec.messages] if spec.messages else None,

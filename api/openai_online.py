@@ -46,14 +46,6 @@ class OnlineRequest(NamedTuple):
     include_usage: bool  # the stream ends with a usage chunk
 
 
-def online_spec(service: Service, body: dict[str, Any], endpoint: str) -> tuple[JobSpec, bool, bool]:
-    """The job spec of a request, whether it streams, and whether the stream ends with usage."""
-    request = online_request(body, endpoint, service.settings.served_model_name)
-    if request.fills_context:
-        request.spec.max_tokens = service.prompts.context_length - len(_encode(service, request.spec))
-    return request.spec, request.stream, request.include_usage
-
-
 def online_request(body: dict[str, Any], endpoint: str, served_model: str) -> OnlineRequest:
     """A request body mapped and checked: every refusal but the context's (that needs the prompt's tokens)."""
     fields = dict(body)
@@ -102,16 +94,9 @@ def _int(value: Any, param: str) -> int:
     return value
 
 
-def _encode(service: Service, spec: JobSpec) -> list[int]:
+async def submit(service: Service, spec: JobSpec, fills_context: bool = False) -> Job:
     try:
-        return service.prompts.encode(spec)
-    except ValueError as error:
-        raise OpenAIError(400, str(error), None, "context_length_exceeded") from error
-
-
-async def submit(service: Service, spec: JobSpec) -> Job:
-    try:
-        job, _ = await jobs.submit(service, spec, None)
+        job, _ = await jobs.submit(service, spec, None, fills_context)
     except RequestValidationError as error:
         problem = error.errors()[0]
         param = ".".join(str(part) for part in problem["loc"][1:]) or None

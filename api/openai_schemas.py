@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, HttpUrl, field_validator
 from api.batch_lines import Endpoint
 from core.batches import Tally
 from core.models import Batch, File
-from core.spec import Metadata
+from core.spec import Metadata, Text
 from core.webhooks import BatchEvent
 
 MAX_WINDOW_HOURS = 168
@@ -56,7 +56,7 @@ class BatchIn(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    input_file_id: str = Field(description="an uploaded file with purpose=batch")
+    input_file_id: Text = Field(description="an uploaded file with purpose=batch")
     endpoint: Endpoint
     completion_window: str = Field(
         description=f"`<N>h`, 1 ≤ N ≤ {MAX_WINDOW_HOURS} (OpenAI: 24h): when it runs out, unfinished "

@@ -1,14 +1,19 @@
 """A job's prompt as the token ids the engine will run, and the check that it fits the context."""
 
+import asyncio
+import json
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any, TypeVar
 
+from tokenizers import Tokenizer
 from transformers import AutoConfig, AutoTokenizer
 
 from api.piece_encoding import PieceEncoder
 from contract import context
-from core.spec import ChatMessage, JobSpec
+from core.spec import JobSpec
 
 
 class PromptError(ValueError):
@@ -23,11 +28,39 @@ class ContextExceeded(PromptError):
     """The prompt and its max_tokens do not fit the model's context."""
 
 
+T = TypeVar("T")
 ENCODE_CHUNK = 2048  # texts per batch encode: the lock is released between chunks
+# Pre-tokenizers that drop characters (whitespace, delimiters): under them a token may stand for any length.
+DROPPING = frozenset({"Whitespace", "WhitespaceSplit", "BertPreTokenizer", "CharDelimiterSplit"})
+
+
+def max_chars_per_token(tokenizer: Tokenizer) -> int | None:
+    """The most characters of (normalized) text one token can stand for, where that is bounded: a
+    byte-pair model covers every character of its input with tokens from its vocabulary, each token at
+    most as many characters long as its string (a byte-level token's string has one character per byte,
+    and a character is at least a byte). Not so where the pre-tokenizer drops characters or unknown
+    characters fuse into one token: None."""
+    config = json.loads(tokenizer.to_str())
+    model = config["model"]
+    if model["type"] != "BPE" or (model.get("unk_token") and model.get("fuse_unk")):
+        return None
+    if _drops_characters(config.get("pre_tokenizer")):
+        return None
+    return max(map(len, tokenizer.get_vocab(with_added_tokens=True)))
+
+
+def _drops_characters(pre_tokenizer: dict[str, Any] | None) -> bool:
+    if pre_tokenizer is None:
+        return False
+    if pre_tokenizer["type"] == "Sequence":
+        return any(_drops_characters(part) for part in pre_tokenizer["pretokenizers"])
+    return pre_tokenizer["type"] in DROPPING or pre_tokenizer.get("behavior") == "Removed"
 
 
 class PromptEncoder:
-    """Tokenizes once, at submission: the worker runs the stored ids and never sees the text again."""
+    """Tokenizes once, at submission: the worker runs the stored ids and never sees the text again.
+
+    The API's event loop never tokenizes: it hands the work to ``run``, the encoder's own thread."""
 
     def __init__(self, model_dir: Path, max_model_len: int | None) -> None:
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -35,12 +68,25 @@ class PromptEncoder:
         self.context_length = context.max_model_len(config, max_model_len)  # prompt + output, as the engine
         fast = self.tokenizer.is_fast
         self._chats = PieceEncoder(self.tokenizer.backend_tokenizer) if fast else None
+        per_token = max_chars_per_token(self.tokenizer.backend_tokenizer) if fast else None
+        # No text longer than this (normalized) can fit the context, whatever its tokens.
+        self.max_chars = per_token * self.context_length if per_token else None
         # A fast tokenizer's Rust state must not be borrowed by two threads at once.
         self._lock = threading.Lock()
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="tokenize")
+
+    async def run(self, function: Callable[..., T], *args: Any) -> T:
+        """``function(*args)`` in the encoder's thread: tokenizing, or waiting for the lock, blocks
+        neither the event loop nor the threads that serve other requests."""
+        return await asyncio.get_running_loop().run_in_executor(self._thread, function, *args)
+
+    def close(self) -> None:
+        self._thread.shutdown(cancel_futures=True)
 
     def encode(self, spec: JobSpec) -> list[int]:
-        token_ids = self._chat(spec.messages) if spec.messages is not None else self._text(spec.prompt or "")
-        result = self._checked(spec, token_ids)
+        """The prompt's ids; raises ``PromptError`` if they cannot run (a text far too long for the
+        context is refused before it is tokenized)."""
+        result = self._encode_chunk([spec], [self._render(spec)])[0]
         if isinstance(result, PromptError):
             raise result
         return result
@@ -80,6 +126,7 @@ class PromptEncoder:
     def _encode_chunk(
         self, specs: list[JobSpec], texts: list[str | PromptError]
     ) -> list[list[int] | PromptError]:
+        texts = [self._too_long(spec, text) or text for spec, text in zip(specs, texts, strict=True)]
         results: list[list[int] | PromptError] = [t if isinstance(t, PromptError) else [] for t in texts]
         # A raw prompt gets the tokenizer's special tokens (BOS); a rendered chat has its own.
         for is_chat in (False, True):
@@ -88,6 +135,8 @@ class PromptEncoder:
                 for i, t in enumerate(texts)
                 if isinstance(t, str) and (specs[i].messages is not None) == is_chat
             ]
+            if not todo:
+                continue
             encoded = self._encode_texts([str(texts[i]) for i in todo], add_special_tokens=not is_chat)
             for i, token_ids in zip(todo, encoded, strict=True):
                 results[i] = self._checked(specs[i], token_ids)
@@ -106,6 +155,20 @@ class PromptEncoder:
             )
         return [encoding.ids for encoding in encodings]
 
+    def _too_long(self, spec: JobSpec, text: str | PromptError) -> ContextExceeded | None:
+        """Refused without tokenizing: more characters than the context could hold in any tokens."""
+        if self.max_chars is None or isinstance(text, PromptError) or len(text) <= self.max_chars:
+            return None
+        normalizer = self.tokenizer.backend_tokenizer.normalizer  # it may shorten the text (NFC)
+        chars = len(normalizer.normalize_str(text)) if normalizer else len(text)
+        if chars <= self.max_chars:
+            return None
+        return ContextExceeded(
+            "messages" if spec.messages is not None else "prompt",
+            f"the prompt is {chars} characters long; the model's context of {self.context_length} "
+            f"tokens holds at most {self.max_chars} characters of any text",
+        )
+
     def _checked(self, spec: JobSpec, token_ids: list[int]) -> list[int] | PromptError:
         """The ids, or why they cannot run: no tokens, or more than the context with max_tokens."""
         field = "messages" if spec.messages is not None else "prompt"
@@ -114,13 +177,6 @@ class PromptEncoder:
         if problem := context.context_problem(len(token_ids), spec.max_tokens, self.context_length):
             return ContextExceeded(field, problem)
         return token_ids
-
-    def _text(self, prompt: str) -> list[int]:
-        return self._encode_texts([prompt], add_special_tokens=True)[0]
-
-    def _chat(self, messages: list[ChatMessage]) -> list[int]:
-        text = self._template([message.model_dump() for message in messages])
-        return self._encode_texts([text], add_special_tokens=False)[0]
 
     def _template(self, chat: list[dict[str, str]]) -> str:
         """The chat as text (jinja alone: no tokenizer state, so no lock)."""

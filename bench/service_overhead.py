@@ -2,7 +2,7 @@
 
     python bench/service_overhead.py [--model DIR] [--seconds 10] [--concurrency 64] [--api-workers 2]
         [--batch-processes 2] [--latency-jobs 200] [--batch-lines 50000] [--batch-e2e [--batch-docs 1000]]
-        [--stream-requests 60] [--rounds 2] [--stream-only]
+        [--stream-requests 60] [--rounds 2] [--stream-only] [--healthz-during-batch]
 
 Needs wrk (Debian: apt-get install wrk), PostgreSQL and Redis as the tests use them.
 1. Accepted jobs/s: ``pagedq api`` (``--api-workers`` uvicorn processes, default 2: one per core)
@@ -20,6 +20,8 @@ Needs wrk (Debian: apt-get install wrk), PostgreSQL and Redis as the tests use t
 4. With ``--batch-e2e``: a ``--batch-docs`` document batch (chat, greedy, ``--batch-max-tokens`` each)
    run by one worker, from upload to ``completed``, against ``LLM.chat`` on the same prompts with the
    worker's engine settings: output tokens/s of each.
+   With ``--healthz-during-batch`` (alone): GET /healthz latency from a second client, every 10 ms,
+   while that batch is accepted, against the same API idle (target: p99 < 50 ms).
 5. Streamed chat completions (``--stream-requests`` of ``--stream-tokens`` tokens, one at a time):
    time to first token and mean inter-token latency as the client sees them, against the same requests
    through ``LLMEngine`` directly.
@@ -42,6 +44,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -66,6 +69,7 @@ DATABASE = "pagedq_bench"
 TARGET_ACCEPTED_PER_S, TARGET_P50_MS, TARGET_BATCH_LINES_PER_S = 500.0, 50.0, 5000.0
 TARGET_BATCH_VS_GENERATE = 0.8
 TARGET_ADDED_TTFT_MS, TARGET_ADDED_ITL_MS = 30.0, 2.0
+TARGET_HEALTHZ_P99_MS = 50.0
 DOCUMENT = "The committee met on Tuesday to review the budget, the hiring plan and the new office lease."
 
 
@@ -253,6 +257,44 @@ def create_batch(client: httpx.Client, data: bytes) -> dict:
     return batch
 
 
+class HealthProbe:
+    """GET /healthz from a client of its own, every ``interval`` s while it runs: the API's latency to
+    anyone else while it is busy (issue 16: p99 < 50 ms while a 50,000-line batch is accepted)."""
+
+    def __init__(self, url: str, interval: float = 0.01) -> None:
+        self.url, self.interval, self.latencies_ms = url, interval, []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> "HealthProbe":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(60)
+
+    def _run(self) -> None:
+        with httpx.Client(base_url=self.url, timeout=60) as client:
+            while not self._stop.is_set():
+                start = time.perf_counter()
+                client.get("/healthz").raise_for_status()
+                self.latencies_ms.append((time.perf_counter() - start) * 1000)
+                time.sleep(self.interval)
+
+
+def healthz_during_batch(url: str, lines: int) -> tuple[float, list[float], list[float]]:
+    """Lines/s of one batch accept, GET /healthz latencies (ms) while it ran, and the same idle."""
+    data = batch_file(lines, max_tokens=32)
+    with HealthProbe(url) as idle:
+        time.sleep(5)
+    with httpx.Client(base_url=url, timeout=600) as client, HealthProbe(url) as busy:
+        start = time.monotonic()
+        create_batch(client, data)
+        accepted = time.monotonic() - start
+    return lines / accepted, busy.latencies_ms, idle.latencies_ms
+
+
 def batch_accept(url: str, lines: int, broker: redis.Redis, queue: str) -> tuple[float, float]:
     """Lines/s accepted (upload + create), and messages/s published in the background after it."""
     data = batch_file(lines, max_tokens=32)
@@ -352,6 +394,11 @@ def main() -> None:
     parser.add_argument(
         "--rounds", type=int, default=2, help="alternations of batch and LLM.chat runs (--batch-e2e)"
     )
+    parser.add_argument(
+        "--healthz-during-batch",
+        action="store_true",
+        help="only: GET /healthz latency from a second client while a --batch-lines batch is accepted",
+    )
     args = parser.parse_args()
 
     settings = fresh_settings(args.model, args.api_workers, args.batch_processes)
@@ -367,6 +414,9 @@ def main() -> None:
     try:
         wait_ready(url)
         wait_quiet(60)  # the API's batch-checking processes load their tokenizers after it is ready
+        if args.healthz_during_batch:
+            report_healthz(args, *healthz_during_batch(url, args.batch_lines))
+            return
         if not args.stream_only:
             health = hammer(url, args.seconds, args.concurrency, post_jobs=False, logs=logs)
             accepted = hammer(url, args.seconds, args.concurrency, post_jobs=True, logs=logs)
@@ -439,6 +489,19 @@ def report_requests(
         f"  target >= {TARGET_BATCH_LINES_PER_S:.0f} lines/s: "
         f"{batch_rate / TARGET_BATCH_LINES_PER_S:.2f}x of target, "
         f"{'PASS' if batch_rate >= TARGET_BATCH_LINES_PER_S else 'MISS'}"
+    )
+
+
+def report_healthz(args: argparse.Namespace, rate: float, busy: list[float], idle: list[float]) -> None:
+    p99 = percentile(busy, 99)
+    print(
+        f"GET /healthz while a {args.batch_lines}-line batch was accepted ({rate:.0f} lines/s; "
+        f"{args.api_workers} API process(es), {args.batch_processes} batch process(es)): {len(busy)} probes, "
+        f"p50 {percentile(busy, 50):.1f} ms, p99 {p99:.1f} ms, max {max(busy):.1f} ms "
+        f"(idle: p50 {percentile(idle, 50):.1f} ms, p99 {percentile(idle, 99):.1f} ms)"
+    )
+    print(
+        f"  target p99 < {TARGET_HEALTHZ_P99_MS:.0f} ms: {'PASS' if p99 < TARGET_HEALTHZ_P99_MS else 'MISS'}"
     )
 
 

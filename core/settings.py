@@ -36,6 +36,8 @@ class Settings(BaseSettings):
     api_workers: int = 1  # API processes sharing the port; each is one core's worth of submissions
     batch_processes: int = 0  # processes (per API process) checking a batch file's lines; 0: its own thread
     max_wait_seconds: float = 60.0  # the longest ``Prefer: wait=N`` honoured
+    max_request_bytes: int = 8 * 2**20  # the largest request body but an upload (413 beyond it)
+    max_upload_bytes: int = 200 * 2**20  # the largest file ``POST /v1/files`` takes (OpenAI's limit)
     keep_jobs_of_disconnected_clients: bool = False  # an OpenAI-style request whose client left: keep it
 
     # The worker's engine: EngineConfig's knobs, with its defaults (contract/engine.py says why).

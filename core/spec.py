@@ -6,6 +6,7 @@ them by building the engine's ``SamplingParams``: the API refuses exactly what t
 
 import dataclasses
 import operator
+import re
 from functools import reduce
 from types import UnionType
 from typing import Annotated, Any, Literal, Self, Union, get_args, get_origin
@@ -26,14 +27,24 @@ from contract import sampling
 from contract.sampling import ContractError, SamplingParams
 from core.webhooks import JobEvent
 
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")  # JSON may escape one ("\\ud800"); UTF-8 cannot encode it
 
-def _no_nul(text: str) -> str:
+
+def storable(text: str) -> str:
+    """The rule for every text a client sends: what PostgreSQL, UTF-8 and the tokenizer all take."""
     if "\x00" in text:
         raise ValueError("text must not contain NUL (\\u0000) characters")
+    if LONE_SURROGATE.search(text):
+        raise ValueError("text must be valid Unicode: it contains a lone surrogate (\\ud800-\\udfff)")
     return text
 
 
-Text = Annotated[str, AfterValidator(_no_nul)]
+def escaped(text: str) -> str:
+    """``text`` with what ``storable`` refuses written as escapes: client text echoed in an error."""
+    return LONE_SURROGATE.sub(lambda match: f"\\u{ord(match[0]):04x}", text).replace("\x00", "\\u0000")
+
+
+Text = Annotated[str, AfterValidator(storable)]
 
 
 def _storable(hint: Any) -> Any:

@@ -18,7 +18,7 @@ NOT_FOUND = not_found("file")
 @router.post(
     "",
     summary="Upload a file (purpose=batch: a JSONL batch input file)",
-    responses=error(413, "Larger than 200 MiB") | INVALID,
+    responses=error(413, "Larger than PAGEDQ_MAX_UPLOAD_BYTES (200 MiB)") | INVALID,
 )
 async def upload_file(
     file: UploadFile, purpose: Annotated[str, Form(description="batch")], service: ServiceDep
@@ -26,10 +26,12 @@ async def upload_file(
     if purpose not in files.PURPOSES:
         message = f"purpose {purpose!r} is not supported here; upload batch input files with purpose=batch"
         raise invalid(("body", "purpose"), message, "unsupported_purpose")
-    content = await file.read(files.MAX_BYTES + 1)
-    if len(content) > files.MAX_BYTES:
-        raise HTTPException(413, f"the file is larger than {files.MAX_BYTES // 2**20} MiB")
-    stored = await run_in_threadpool(files.store, service, file.filename or "upload.jsonl", purpose, content)
+    filename = files.checked_name(file.filename or "upload.jsonl")
+    limit = service.settings.max_upload_bytes
+    content = await file.read(limit + 1)
+    if len(content) > limit:
+        raise HTTPException(413, f"the file is larger than {limit} bytes (PAGEDQ_MAX_UPLOAD_BYTES)")
+    stored = await run_in_threadpool(files.store, service, filename, purpose, content)
     return FileOut.of(stored)
 
 

@@ -13,7 +13,7 @@ from api.schemas import InvalidOut, JobList, JobOut
 from api.streams import encoded, job_events
 from api.waiting import wait_preference
 from core.models import Job
-from core.spec import JobSpec
+from core.spec import JobSpec, Text
 from core.states import TERMINAL, JobStatus
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
@@ -26,7 +26,7 @@ APPLIED = {
 }
 
 IdempotencyKey = Annotated[
-    str | None,
+    Text | None,
     Header(
         alias="Idempotency-Key",
         max_length=255,

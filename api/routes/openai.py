@@ -40,15 +40,19 @@ async def completions(body: OpenAIBody, request: Request, service: ServiceDep) -
 
 async def _complete(body: dict[str, Any], request: Request, service: ServiceDep, endpoint: str) -> Response:
     try:
-        spec, stream, include_usage = openai_online.online_spec(service, body, endpoint)
-        job = await openai_online.submit(service, spec)
+        spec, fills_context, stream, include_usage = openai_online.online_request(
+            body, endpoint, service.settings.served_model_name
+        )
+        job = await openai_online.submit(service, spec, fills_context)
         if stream:
             chunks = openai_online.stream_chunks(service, job, endpoint, include_usage)
             return EventSourceResponse(chunks)
         finished = await openai_online.finished(service, job, request)
         if finished is None:
             return Response(status_code=499)  # the client is gone; nobody reads this
-        return JSONResponse(openai_online.response_body(service, finished, endpoint))
+        # Its logprobs are token texts: decoded in the tokenizer's thread, not on the event loop.
+        body = await service.prompts.run(openai_online.response_body, service, finished, endpoint)
+        return JSONResponse(body)
     except OpenAIError as error:
         return error.response()
 
