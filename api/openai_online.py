@@ -121,7 +121,7 @@ def abandon(service: Service, job_id: str) -> None:
         jobs.cancel(service, job_id)
 
 
-def response_body(service: Service, job: Job, endpoint: str) -> dict[str, Any]:
+def response_body(job: Job, endpoint: str) -> dict[str, Any]:
     if job.status != "succeeded":
         raise OpenAIError(500, f"job {job.id} {job.status}: {job.error or 'no output'}", None, "job_failed")
     created = int((job.started_at or job.queued_at).timestamp())

@@ -50,9 +50,7 @@ async def _complete(body: dict[str, Any], request: Request, service: ServiceDep,
         finished = await openai_online.finished(service, job, request)
         if finished is None:
             return Response(status_code=499)  # the client is gone; nobody reads this
-        # Its logprobs are token texts: decoded in the tokenizer's thread, not on the event loop.
-        body = await service.prompts.run(openai_online.response_body, service, finished, endpoint)
-        return JSONResponse(body)
+        return JSONResponse(openai_online.response_body(finished, endpoint))
     except OpenAIError as error:
         return error.response()
 
