@@ -18,7 +18,7 @@ from api.prompts import PromptEncoder
 from api.routes import batches, files, generate, health, jobs, openai, webhooks
 from api.submitter import Submitter
 from api.waiting import JobWaiter
-from core.db import make_engine, make_sessionmaker
+from core.db import make_db_engine, make_sessionmaker
 from core.queue import make_celery, queue_name
 from core.settings import Settings
 from core.streams import streams_url
@@ -42,7 +42,7 @@ def create_app(settings: Settings, model_dir: Path) -> FastAPI:
         service.prompts.close()
         if service.live is not None:
             await service.live.close()
-        service.engine.dispose()
+        service.db_engine.dispose()
 
     app = FastAPI(
         title="pagedq",
@@ -65,14 +65,14 @@ def create_app(settings: Settings, model_dir: Path) -> FastAPI:
 
 
 def build_service(settings: Settings, model_dir: Path) -> Service:
-    engine = make_engine(settings)
+    engine = make_db_engine(settings)
     sessions = make_sessionmaker(engine)
     celery = make_celery(settings)
     queue = queue_name(settings.served_model_name)
     prompts = PromptEncoder(model_dir, settings.max_model_len)
     return Service(
         settings=settings,
-        engine=engine,
+        db_engine=engine,
         sessions=sessions,
         celery=celery,
         prompts=prompts,

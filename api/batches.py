@@ -13,7 +13,6 @@ from collections.abc import Iterable, Iterator
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
-from fastapi import HTTPException
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
@@ -21,10 +20,9 @@ from api.batch_check import BadLines, CheckedLine
 from api.batch_lines import LineError
 from api.bulk_insert import insert_jobs
 from api.deps import Service
-from api.errors import invalid, unavailable
-from api.files import file_not_found
 from api.jobs import check_webhook_url
 from api.openai_schemas import BatchIn, BatchOut
+from api.problems import Conflict, Invalid, NotFound, Unavailable
 from core.batches import cancel_unfinished, tally
 from core.models import FRESH_RESULTS, Batch, File, new_batch_id, utcnow
 from core.states import BATCH_TERMINAL, BatchStatus, JobStatus
@@ -33,10 +31,6 @@ from core.webhooks import publish_deliveries, record_event
 logger = logging.getLogger(__name__)
 MAX_LISTED_ERRORS = 1000
 FRESH = {"attempt": 0, "cancel_requested": False} | FRESH_RESULTS  # a COPY sets every NOT NULL column
-
-
-def batch_not_found(batch_id: str) -> HTTPException:
-    return HTTPException(404, f"batch {batch_id!r} not found")
 
 
 def create(service: Service, request: BatchIn) -> BatchOut:
@@ -51,7 +45,7 @@ def create(service: Service, request: BatchIn) -> BatchOut:
     except BadLines as bad:
         _fail(service, batch, bad.errors)
     except BrokenProcessPool:
-        raise unavailable("a process checking the file's lines died; retry the request") from None
+        raise Unavailable("a process checking the file's lines died; retry the request") from None
     logger.info(
         "batch created",
         extra={
@@ -69,12 +63,12 @@ def _input_file(service: Service, file_id: str) -> bytes:
     with service.sessions() as session:
         row = session.execute(select(File.purpose, File.content).where(File.id == file_id)).one_or_none()
     if row is None:
-        raise file_not_found(file_id)
+        raise NotFound("file", file_id)
     if row.purpose != "batch":
         message = (
             f"file {file_id!r} has purpose {row.purpose!r}; a batch reads a file uploaded with purpose=batch"
         )
-        raise invalid(("body", "input_file_id"), message, "invalid_file_purpose")
+        raise Invalid(("body", "input_file_id"), message, "invalid_file_purpose")
     return row.content
 
 
@@ -156,7 +150,7 @@ def get(service: Service, batch_id: str) -> BatchOut:
     with service.sessions() as session:
         batch = session.get(Batch, batch_id)
         if batch is None:
-            raise batch_not_found(batch_id)
+            raise NotFound("batch", batch_id)
         return BatchOut.of(batch, tally(session, [batch_id])[batch_id])
 
 
@@ -179,7 +173,7 @@ def cancel(service: Service, batch_id: str) -> BatchOut:
             cancel_unfinished(session, [batch_id])
     batch = get(service, batch_id)
     if not cancelling and batch.status in (*BATCH_TERMINAL, BatchStatus.FINALIZING):
-        raise HTTPException(409, f"batch {batch_id} is already {batch.status}; there is nothing to cancel")
+        raise Conflict(f"batch {batch_id} is already {batch.status}; there is nothing to cancel")
     return batch
 
 

@@ -10,9 +10,9 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from api.batch_check import BatchChecker
 from api.bulk_publisher import BulkPublisher
-from api.errors import invalid
 from api.live import LiveStreams
 from api.metrics import Metrics
+from api.problems import Invalid
 from api.prompts import PromptEncoder
 from api.submitter import Submitter
 from api.waiting import JobWaiter
@@ -24,7 +24,7 @@ from core.spec import storable
 @dataclass
 class Service:
     settings: Settings
-    engine: Engine
+    db_engine: Engine  # SQLAlchemy's (the API has no LLM engine)
     sessions: sessionmaker[Session]
     celery: Celery
     prompts: PromptEncoder
@@ -56,4 +56,4 @@ async def storable_url(request: Request) -> None:
             try:
                 storable(text)
             except ValueError as error:
-                raise invalid((where, name), f"{where} parameter {name!r}: {error}", "invalid_text") from None
+                raise Invalid((where, name), f"{where} parameter {name!r}: {error}", "invalid_text") from None

@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse, Response
 from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from api.problems import Conflict, Invalid, NotFound, Problem, Unavailable
 from core.spec import escaped
 
 logger = logging.getLogger(__name__)
@@ -22,35 +23,32 @@ OPENAI_ROUTES = ("/v1/files", "/v1/batches")
 RETRY_LATER = {"Retry-After": "5"}  # on every 503: seconds a client should wait before it retries
 
 
-def unavailable(message: str) -> HTTPException:
-    """A 503 for a dependency that is briefly away; clients are told when to retry."""
-    return HTTPException(503, message, headers=RETRY_LATER)
-
-
-def invalid(loc: tuple[str, ...], message: str, kind: str) -> RequestValidationError:
-    """A 422 shaped like FastAPI's own, for what only the service can judge (context length, keys)."""
-    return RequestValidationError([{"type": kind, "loc": loc, "msg": message}])
-
-
-def job_not_found(job_id: str) -> HTTPException:
-    return HTTPException(404, f"job {job_id!r} not found")
+STATUS = {NotFound: 404, Conflict: 409, Unavailable: 503}  # Invalid: 422, as the request validator's
 
 
 def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, _unprocessable)
+    app.add_exception_handler(Invalid, _unprocessable)
+    app.add_exception_handler(Problem, _problem)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(OperationalError, _database_down)
     app.add_exception_handler(Exception, _internal)
 
 
 async def _unprocessable(request: Request, error: Exception) -> JSONResponse:
-    assert isinstance(error, RequestValidationError)
+    assert isinstance(error, RequestValidationError | Invalid)
     problems = [_concise(item) for item in error.errors()]
     body: dict[str, Any] = {"detail": problems}
     if request.url.path.startswith(OPENAI_ROUTES) and problems:
         message = "; ".join(f"{_param(p)}: {p['msg']}" if _param(p) else p["msg"] for p in problems)
         body["error"] = _openai_error(message, _param(problems[0]), problems[0]["type"])
     return JSONResponse(body, status_code=422)
+
+
+async def _problem(request: Request, error: Exception) -> Response:
+    status = next(code for kind, code in STATUS.items() if isinstance(error, kind))
+    headers = RETRY_LATER if status == 503 else None
+    return await _http_error(request, HTTPException(status, str(error), headers=headers))
 
 
 async def _http_error(request: Request, error: Exception) -> Response:
@@ -84,7 +82,7 @@ def _concise(error: dict[str, Any]) -> dict[str, Any]:
 async def _database_down(request: Request, error: Exception) -> Response:
     where = {"method": request.method, "path": request.url.path}
     logger.error("database unavailable", extra=where | {"error": str(error)})  # no parameters: core/db.py
-    return await _http_error(request, unavailable("the database is unavailable; retry later"))
+    return await _problem(request, Unavailable("the database is unavailable; retry later"))
 
 
 async def _internal(request: Request, error: Exception) -> JSONResponse:

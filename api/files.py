@@ -1,19 +1,15 @@
 """The queries behind ``/v1/files``: files live in the ``files`` table, content and all."""
 
-from fastapi import HTTPException
 from sqlalchemy import or_, select
 from sqlalchemy.orm import Session, defer
 
 from api.deps import Service
-from api.errors import invalid
+from api.problems import Conflict, Invalid, NotFound
 from core.models import Batch, File, utcnow
 from core.spec import storable
 
 PURPOSES = ("batch",)  # what may be uploaded; batches write ``batch_output`` files themselves
 
-
-def file_not_found(file_id: str) -> HTTPException:
-    return HTTPException(404, f"file {file_id!r} not found")
 
 
 def checked_name(filename: str) -> str:
@@ -22,10 +18,10 @@ def checked_name(filename: str) -> str:
     try:
         storable(filename)
     except ValueError as error:
-        raise invalid(("body", "file"), f"the file name: {error}", "invalid_file_name") from None
+        raise Invalid(("body", "file"), f"the file name: {error}", "invalid_file_name") from None
     if len(filename) > limit:
         message = f"the file name is {len(filename)} characters long; at most {limit} are kept"
-        raise invalid(("body", "file"), message, "invalid_file_name")
+        raise Invalid(("body", "file"), message, "invalid_file_name")
     return filename
 
 
@@ -41,7 +37,7 @@ def get(service: Service, file_id: str) -> File:
     with service.sessions() as session:
         file = session.get(File, file_id, options=[defer(File.content)])
     if file is None:
-        raise file_not_found(file_id)
+        raise NotFound("file", file_id)
     return file
 
 
@@ -49,7 +45,7 @@ def content(service: Service, file_id: str) -> bytes:
     with service.sessions() as session:
         data = session.scalar(select(File.content).where(File.id == file_id))
     if data is None:
-        raise file_not_found(file_id)
+        raise NotFound("file", file_id)
     return data
 
 
@@ -57,9 +53,9 @@ def delete(service: Service, file_id: str) -> None:
     with service.sessions.begin() as session:
         file = session.get(File, file_id, options=[defer(File.content)])
         if file is None:
-            raise file_not_found(file_id)
+            raise NotFound("file", file_id)
         if user := _batch_using(session, file_id):
-            raise HTTPException(409, f"file {file_id!r} belongs to batch {user!r}; it cannot be deleted")
+            raise Conflict(f"file {file_id!r} belongs to batch {user!r}; it cannot be deleted")
         session.delete(file)
 
 

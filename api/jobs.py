@@ -5,14 +5,13 @@ import json
 import logging
 from urllib.parse import urlsplit
 
-from fastapi import HTTPException
 from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from api.deps import Service
-from api.errors import invalid, job_not_found
+from api.problems import Conflict, Invalid, NotFound
 from api.prompts import ContextExceeded, PromptError
 from core.models import Job, utcnow
 from core.spec import JobSpec
@@ -35,7 +34,7 @@ async def submit(
         token_ids = await service.prompts.run(service.prompts.encode, spec)
     except PromptError as error:
         kind = "context_length_exceeded" if isinstance(error, ContextExceeded) else "invalid_prompt"
-        raise invalid(("body", error.field), str(error), kind) from error
+        raise Invalid(("body", error.field), str(error), kind) from error
     if fills_context:
         spec.max_tokens = service.prompts.context_length - len(token_ids)
     job = _new_job(service, spec, token_ids, idempotency_key)
@@ -63,7 +62,7 @@ def _check_model(service: Service, spec: JobSpec) -> None:
     served = service.settings.served_model_name
     if spec.model is not None and spec.model != served:
         message = f"model {spec.model!r} is not served here; this service serves {served!r}"
-        raise invalid(("body", "model"), message, "model_not_served")
+        raise Invalid(("body", "model"), message, "model_not_served")
 
 
 def _new_job(service: Service, spec: JobSpec, token_ids: list[int], idempotency_key: str | None) -> Job:
@@ -94,11 +93,11 @@ def check_webhook_url(service: Service, url: str) -> None:
     try:
         checked_address(url, settings.webhook_allow_private, settings.webhook_resolve_timeout)
     except WebhookRefused as refused:
-        raise invalid(("body", "webhook_url"), str(refused), "webhook_url_refused") from None
+        raise Invalid(("body", "webhook_url"), str(refused), "webhook_url_refused") from None
     except OSError as error:
         host = urlsplit(url).hostname
         message = f"webhook URL host {host!r} does not resolve ({error.strerror or error})"
-        raise invalid(("body", "webhook_url"), message, "webhook_url_unresolvable") from None
+        raise Invalid(("body", "webhook_url"), message, "webhook_url_unresolvable") from None
 
 
 def request_hash(spec: JobSpec) -> str:
@@ -112,7 +111,7 @@ def _earlier(session: Session, key: str, request_hash: str | None) -> Job:
     if job is None:
         raise RuntimeError(f"insert failed on a unique constraint, but no job has Idempotency-Key {key!r}")
     if job.request_hash != request_hash:
-        raise invalid(
+        raise Invalid(
             ("header", "Idempotency-Key"),
             f"Idempotency-Key {key!r} was already used for job {job.id} with a different request body",
             "idempotency_key_reused",
@@ -124,7 +123,7 @@ def get(service: Service, job_id: str) -> Job:
     with service.sessions() as session:
         if job := session.get(Job, job_id):
             return job
-    raise job_not_found(job_id)
+    raise NotFound("job", job_id)
 
 
 def page(
@@ -167,8 +166,8 @@ def cancel(service: Service, job_id: str) -> tuple[Job, bool]:
             session.commit()
             job = _reload(session, job_id)
             if job.status in TERMINAL:
-                raise HTTPException(409, f"job {job_id} is already {job.status}; there is nothing to cancel")
-    raise HTTPException(409, f"job {job_id} kept changing state; retry the cancellation")
+                raise Conflict(f"job {job_id} is already {job.status}; there is nothing to cancel")
+    raise Conflict(f"job {job_id} kept changing state; retry the cancellation")
 
 
 def _update_if(session: Session, job_id: str, status: JobStatus, values: dict[str, object]) -> bool:
@@ -182,5 +181,5 @@ def _update_if(session: Session, job_id: str, status: JobStatus, values: dict[st
 def _reload(session: Session, job_id: str) -> Job:
     job = session.get(Job, job_id, populate_existing=True)
     if job is None:
-        raise job_not_found(job_id)
+        raise NotFound("job", job_id)
     return job

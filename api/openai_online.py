@@ -11,7 +11,6 @@ from collections.abc import AsyncIterator
 from typing import Any, NamedTuple
 
 from fastapi import Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.sse import format_sse_event
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse
@@ -19,6 +18,7 @@ from starlette.responses import JSONResponse
 from api import jobs
 from api.batch_lines import CHAT, LineError, to_spec
 from api.deps import Service
+from api.problems import Invalid
 from api.streams import job_events
 from core.models import Job
 from core.openai_format import completion_body
@@ -97,7 +97,7 @@ def _int(value: Any, param: str) -> int:
 async def submit(service: Service, spec: JobSpec, fills_context: bool = False) -> Job:
     try:
         job, _ = await jobs.submit(service, spec, None, fills_context)
-    except RequestValidationError as error:
+    except Invalid as error:
         problem = error.errors()[0]
         param = ".".join(str(part) for part in problem["loc"][1:]) or None
         raise OpenAIError(400, problem["msg"], param, problem["type"]) from error

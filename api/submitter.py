@@ -17,7 +17,7 @@ from sqlalchemy.exc import DataError, IntegrityError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
-from api.errors import invalid
+from api.problems import Invalid
 from core.models import Job
 from core.queue import publish_jobs
 from core.spec import escaped
@@ -106,7 +106,7 @@ def _as_client_error(error: Exception) -> Exception:
         return error
     logger.warning("the database refused a job's data", extra={"error": _first_line(error)})
     message = f"the database cannot store this job's data: {escaped(_first_line(error))}"
-    return invalid(("body",), message, "unstorable_value")
+    return Invalid(("body",), message, "unstorable_value")
 
 
 def _first_line(error: BaseException) -> str:

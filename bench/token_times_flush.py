@@ -22,7 +22,7 @@ from typing import Any
 import psycopg
 from sqlalchemy import event
 
-from core.db import make_engine, make_sessionmaker
+from core.db import make_db_engine, make_sessionmaker
 from core.models import Job, utcnow
 from core.settings import Settings
 from core.states import JobStatus
@@ -45,7 +45,7 @@ def main() -> None:
         database_url=f"{args.url.replace('postgresql://', 'postgresql+psycopg://')}/{DATABASE}"
     )
     upgrade(settings)
-    engine = make_engine(settings)
+    engine = make_db_engine(settings)
     event.listen(engine, "connect", _without_fsync_wait)
     try:
         durations = flushes(JobStore(make_sessionmaker(engine), "bench"), args.tokens, args.per_flush)

@@ -8,7 +8,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from core.settings import Settings
 
 
-def make_engine(settings: Settings) -> Engine:
+def make_db_engine(settings: Settings) -> Engine:
     """``hide_parameters``: a statement's parameters (prompts, metadata, webhook URLs) are never part of an
     exception's message, and so never of a log line."""
     url = settings.resolved_database_url

@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select
 
 from api.app import create_app
-from core.db import make_engine, make_sessionmaker
+from core.db import make_db_engine, make_sessionmaker
 from core.models import Job, Worker
 from core.settings import Settings
 from tests.services import Process, service_env, wait_for
@@ -48,7 +48,7 @@ class Database:
     """Direct reads of the job tables, to check what the service committed."""
 
     def __init__(self, settings: Settings) -> None:
-        self.engine = make_engine(settings)
+        self.engine = make_db_engine(settings)
         self.sessions = make_sessionmaker(self.engine)
 
     def jobs(self, ids: list[str]) -> list[Job]:

@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from transformers import AutoTokenizer
 
 from api.app import create_app
-from core.db import make_engine, make_sessionmaker
+from core.db import make_db_engine, make_sessionmaker
 from core.models import Job, TokenTimes, Worker, utcnow
 from core.queue import make_celery, queue_depth, queue_name
 from core.settings import Settings
@@ -28,7 +28,7 @@ PROMPT = "The quick brown fox jumps over the lazy dog."
 
 @pytest.fixture
 def db(service_settings: Settings) -> Iterator[sessionmaker[Session]]:
-    engine = make_engine(service_settings)
+    engine = make_db_engine(service_settings)
     yield make_sessionmaker(engine)
     engine.dispose()
 
@@ -206,7 +206,7 @@ def test_concurrent_submissions_share_commits_and_each_is_published(
     client: TestClient, db: sessionmaker[Session], service_settings: Settings
 ) -> None:
     commits = []
-    engine = client.app.state.service.engine
+    engine = client.app.state.service.db_engine
     event.listen(engine, "commit", lambda conn: commits.append(1))
     with ThreadPoolExecutor(16) as pool:
         responses = list(

@@ -19,7 +19,7 @@ from sqlalchemy import func, select, update
 
 from api.app import create_app
 from api.batch_lines import to_spec
-from core.db import make_engine, make_sessionmaker
+from core.db import make_db_engine, make_sessionmaker
 from core.models import Batch as BatchRow
 from core.models import File, Job, WebhookDelivery, utcnow
 from core.queue import make_celery, queue_name
@@ -445,7 +445,7 @@ def test_a_batch_runs_its_course_on_sqlite_the_embedded_mode(tiny_llama: Path, t
         body = {"input_file_id": file.json()["id"], "endpoint": COMPLETIONS, "completion_window": "24h"}
         batch = http.post("/v1/batches", json=body).json()
         assert batch["status"] == "in_progress" and batch["request_counts"]["total"] == 3
-        sessions = make_sessionmaker(make_engine(settings))
+        sessions = make_sessionmaker(make_db_engine(settings))
         with sessions.begin() as session:  # as if a worker had run them
             session.execute(update(Job).values(status="succeeded", output_text="ok", completion_tokens=4))
         BatchKeeper(sessions, Outbox(settings, make_celery(settings))).keep()

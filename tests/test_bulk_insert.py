@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy import select
 
 from api.bulk_insert import insert_jobs
-from core.db import make_engine, make_sessionmaker
+from core.db import make_db_engine, make_sessionmaker
 from core.models import Job, utcnow
 from core.settings import Settings
 from migrations import upgrade
@@ -62,7 +62,7 @@ def shared() -> dict[str, Any]:
 
 
 def read_back(settings: Settings, given: list[dict[str, Any]], common: dict[str, Any]) -> None:
-    engine = make_engine(settings)
+    engine = make_db_engine(settings)
     try:
         sessions = make_sessionmaker(engine)
         with sessions.begin() as session:
@@ -92,7 +92,7 @@ def test_executemany_round_trips_on_sqlite(tmp_path: Path) -> None:
 def test_every_row_of_a_stream_is_written(service_settings: Settings, count: int) -> None:
     """Across COPY chunks, and none at all."""
     given = [{"id": f"job_n{i:05d}", "prompt_token_ids": [i], "params": {}, "meta": {}} for i in range(count)]
-    engine = make_engine(service_settings)
+    engine = make_db_engine(service_settings)
     try:
         with make_sessionmaker(engine).begin() as session:
             insert_jobs(session, shared(), (row for row in given))

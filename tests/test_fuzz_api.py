@@ -83,7 +83,7 @@ def test_no_request_is_a_server_error(service_settings: Settings) -> None:
             if operation.path not in EXCLUDED:
                 _fuzz(operation, client)
     finally:
-        app.state.service.engine.dispose()
+        app.state.service.db_engine.dispose()
 
 
 def _fuzz(operation: Any, client: TestClient) -> None:

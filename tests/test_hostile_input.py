@@ -10,11 +10,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fastapi.exceptions import RequestValidationError
 from fastapi.testclient import TestClient
 from sqlalchemy import select
 
 from api.app import create_app
+from api.problems import Invalid
 from api.submitter import Submitter
 from core.models import Job, utcnow
 from core.settings import Settings
@@ -212,11 +212,11 @@ def test_a_job_the_database_refuses_fails_alone_in_its_group_commit(
         return await asyncio.gather(*(submitter.submit(j) for j in jobs), return_exceptions=True)
 
     results = asyncio.run(submit_all())
-    service.engine.dispose()
+    service.db_engine.dispose()
 
     failed = {i for i, result in enumerate(results) if result is not None}
     assert failed == {7, 30}, results
-    assert all(isinstance(results[i], RequestValidationError) for i in failed)
+    assert all(isinstance(results[i], Invalid) for i in failed)
     assert "cannot store" in results[7].errors()[0]["msg"]  # type: ignore[union-attr]
     with db.sessions() as session:
         stored = set(session.scalars(select(Job.prompt)))

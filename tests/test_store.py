@@ -6,7 +6,7 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import update
 
-from core.db import make_engine, make_sessionmaker
+from core.db import make_db_engine, make_sessionmaker
 from core.models import Job, Worker, utcnow
 from core.queue import celery_priority, priorities_at
 from core.settings import Settings
@@ -16,7 +16,7 @@ from worker.store import JobStore, Progress
 
 @pytest.fixture
 def store(service_settings: Settings) -> Iterator[JobStore]:
-    engine = make_engine(service_settings)
+    engine = make_db_engine(service_settings)
     yield JobStore(make_sessionmaker(engine), "tiny")
     engine.dispose()
 

@@ -17,7 +17,7 @@ from celery import Celery
 from celery.exceptions import Reject
 from celery.signals import worker_ready, worker_shutting_down
 
-from core.db import make_engine, make_sessionmaker
+from core.db import make_db_engine, make_sessionmaker
 from core.queue import PROBE_QUEUE_TASK, RUN_JOB_TASK, make_celery, publish_job, publish_probe, queue_name
 from core.settings import Settings
 from core.streams import streams_url
@@ -72,7 +72,7 @@ def run_worker(settings: Settings, ready_fd: int | None = None) -> None:
         publish_job(app, job_id, queue, priority)
 
     outbox = Outbox(settings, app)  # job ends become webhook deliveries, published by the flusher thread
-    sessions = make_sessionmaker(make_engine(settings))
+    sessions = make_sessionmaker(make_db_engine(settings))
     store = JobStore(sessions, settings.served_model_name, outbox, settings.max_attempts)
     url = streams_url(settings)
     streamer = TokenStreamer(url) if url else None

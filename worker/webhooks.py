@@ -27,7 +27,7 @@ from celery import Celery
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from core.db import make_engine, make_sessionmaker
+from core.db import make_db_engine, make_sessionmaker
 from core.models import WebhookDelivery, utcnow
 from core.queue import DELIVER_WEBHOOK_TASK, make_celery
 from core.settings import Settings
@@ -333,7 +333,7 @@ def run_webhooks(settings: Settings) -> None:
                 "scheduling a webhook retry failed", extra={"delivery_id": delivery_id, "error": repr(error)}
             )
 
-    sender = Sender(make_sessionmaker(make_engine(settings)), settings, secret, retry)
+    sender = Sender(make_sessionmaker(make_db_engine(settings)), settings, secret, retry)
     register_deliver_webhook(app, sender)
     stop_sweeping = threading.Event()
     threading.Thread(

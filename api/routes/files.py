@@ -7,8 +7,8 @@ from starlette.concurrency import run_in_threadpool
 
 from api import files
 from api.deps import ServiceDep
-from api.errors import invalid
 from api.openai_schemas import FileDeleted, FileOut
+from api.problems import Invalid
 from api.responses import INVALID, error, not_found
 
 router = APIRouter(prefix="/v1/files", tags=["files"])
@@ -25,7 +25,7 @@ async def upload_file(
 ) -> FileOut:
     if purpose not in files.PURPOSES:
         message = f"purpose {purpose!r} is not supported here; upload batch input files with purpose=batch"
-        raise invalid(("body", "purpose"), message, "unsupported_purpose")
+        raise Invalid(("body", "purpose"), message, "unsupported_purpose")
     filename = files.checked_name(file.filename or "upload.jsonl")
     limit = service.settings.max_upload_bytes
     content = await file.read(limit + 1)

@@ -55,7 +55,7 @@ def _check(ping: Callable[[Service], None], service: Service) -> str:
 
 
 def _ping_database(service: Service) -> None:
-    with service.engine.connect() as connection:
+    with service.db_engine.connect() as connection:
         connection.execute(text("SELECT 1"))
 
 
@@ -67,7 +67,7 @@ def _ping_broker(service: Service) -> None:
 def _find_live_worker(service: Service) -> None:
     model, timeout = service.settings.served_model_name, service.settings.heartbeat_timeout
     live = exists().where(Worker.model == model, Worker.alive(timeout))
-    with service.engine.connect() as connection:
+    with service.db_engine.connect() as connection:
         if not connection.scalar(select(live)):
             raise NotReady(f"no worker serving {model} has heartbeated in the last {timeout:g} s")
 

@@ -9,9 +9,8 @@ from pydantic import BaseModel, Field
 from sqlalchemy import ColumnElement, select
 from sqlalchemy.orm import Session
 
-from api.batches import batch_not_found
 from api.deps import ServiceDep
-from api.errors import job_not_found
+from api.problems import NotFound
 from api.responses import DATABASE_DOWN, not_found
 from core.models import Batch, Job, WebhookDelivery
 
@@ -59,7 +58,7 @@ class DeliveryList(BaseModel):
 def job_deliveries(job_id: str, service: ServiceDep) -> DeliveryList:
     with service.sessions() as session:
         if session.get(Job, job_id) is None:
-            raise job_not_found(job_id)
+            raise NotFound("job", job_id)
         return _deliveries(session, WebhookDelivery.job_id == job_id)
 
 
@@ -71,7 +70,7 @@ def job_deliveries(job_id: str, service: ServiceDep) -> DeliveryList:
 def batch_deliveries(batch_id: str, service: ServiceDep) -> DeliveryList:
     with service.sessions() as session:
         if session.get(Batch, batch_id) is None:
-            raise batch_not_found(batch_id)
+            raise NotFound("batch", batch_id)
         return _deliveries(session, WebhookDelivery.batch_id == batch_id)
 
 
