@@ -122,7 +122,7 @@ class LiveCollector(Collector):
         self._sessions = sessions
         self._celery = celery
         self._queue = queue
-        self._heartbeat_timeout = timedelta(seconds=heartbeat_timeout)
+        self._heartbeat_timeout = heartbeat_timeout
 
     def collect(self) -> Iterator[Metric]:
         with self._sessions() as session:
@@ -139,8 +139,7 @@ class LiveCollector(Collector):
         return family
 
     def _engines(self, session: Session) -> Iterator[Metric]:
-        alive_since = utcnow() - self._heartbeat_timeout
-        workers = list(session.scalars(select(Worker).where(Worker.heartbeat_at >= alive_since)))
+        workers = list(session.scalars(select(Worker).where(Worker.alive(self._heartbeat_timeout))))
         yield GaugeMetricFamily("pagedq_workers", "Workers with a recent heartbeat", value=len(workers))
         for key, (name, description) in ENGINE_GAUGES.items():
             family = GaugeMetricFamily(name, description, labels=["worker", "model"])

@@ -261,7 +261,7 @@ class JobStore:
         """Running jobs whose worker stopped heartbeating go back to the queue (or end: cancelled if asked
         to, failed if that was their last allowed attempt)."""
         now = utcnow()
-        live = select(Worker.id).where(Worker.heartbeat_at > now - timedelta(seconds=heartbeat_timeout))
+        live = select(Worker.id).where(Worker.alive(heartbeat_timeout))
         orphaned = (Job.model == self.model, Job.status == JobStatus.RUNNING, Job.worker_id.not_in(live))
         with self.sessions.begin() as session:
             cancelled = session.scalars(
