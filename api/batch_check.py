@@ -60,7 +60,7 @@ def check_slice(encoder: PromptEncoder, task: Slice) -> tuple[list[CheckedLine],
         if line.fills_context:  # no max_tokens: what the context leaves, as OpenAI does
             spec.max_tokens = encoder.context_length - len(result)
         messages = [message.model_dump() for message in spec.messages] if spec.messages else None
-        params = spec.engine_params()
+        params = spec.engine_params(encoder.sampling_defaults)
         checked.append(
             CheckedLine(line.number, line.custom_id, spec.prompt, messages, result, params, spec.metadata)
         )

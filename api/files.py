@@ -11,7 +11,6 @@ from core.spec import storable
 PURPOSES = ("batch",)  # what may be uploaded; batches write ``batch_output`` files themselves
 
 
-
 def checked_name(filename: str) -> str:
     """An upload's file name as the ``files`` table takes it: storable text, at most 255 characters."""
     limit = File.filename.type.length  # type: ignore[attr-defined]

@@ -75,7 +75,7 @@ def _new_job(service: Service, spec: JobSpec, token_ids: list[int], idempotency_
         messages=[message.model_dump() for message in spec.messages] if spec.messages else None,
         prompt_token_ids=token_ids,
         prompt_tokens=len(token_ids),
-        params=spec.engine_params(),
+        params=spec.engine_params(service.prompts.sampling_defaults),
         meta=spec.metadata,
         webhook_url=str(spec.webhook_url) if spec.webhook_url else None,
         webhook_events=spec.webhook_events,

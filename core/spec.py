@@ -81,9 +81,11 @@ class _Sampling(BaseModel):
             raise ValidationError.from_exception_data(type(self).__name__, problems) from None
         return self
 
-    def engine_params(self) -> dict[str, Any]:
-        """The keyword arguments of the engine's ``SamplingParams``."""
-        return self.model_dump(include=set(sampling.hints()))
+    def engine_params(self, model_defaults: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The keyword arguments of the engine's ``SamplingParams``; with ``model_defaults`` (the model's
+        generation config), those replace the contract's defaults for what the request left out."""
+        params = self.model_dump(include=set(sampling.hints()))
+        return sampling.with_model_defaults(params, self.model_fields_set, model_defaults or {})
 
 
 SamplingSpec = create_model(
