@@ -1,5 +1,6 @@
 """The REST API against real PostgreSQL and Redis (no worker: tests write job rows as a worker would)."""
 
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -262,6 +263,31 @@ def test_what_the_engine_would_refuse_is_a_422_at_submission_not_a_failed_job(
     with db() as session:
         assert session.scalars(select(Job)).all() == []
     assert _depth(service_settings) == 0
+
+
+def test_left_out_sampling_parameters_take_the_models_generation_config(
+    service_settings: Settings, db: sessionmaker[Session], tmp_path: Path
+) -> None:
+    model = tmp_path / "with-sampling-defaults"
+    model.mkdir()
+    for part in Path(service_settings.model).iterdir():
+        if part.name != "generation_config.json":
+            (model / part.name).symlink_to(part)
+    (model / "generation_config.json").write_text(json.dumps({"temperature": 0.2, "top_p": 0.9}))
+    settings = _changed(service_settings, {"model": str(model)})
+
+    with _client(settings) as client:
+        left_out = _submit(client)
+        some_given = _submit(client, temperature=0.7)
+        beams = _submit(client, use_beam_search=True, n=2, temperature=0)
+
+    def params(job: dict[str, Any]) -> tuple[float, float]:
+        stored = _row(db, job["id"]).params
+        return stored["temperature"], stored["top_p"]
+
+    assert params(left_out) == (0.2, 0.9)
+    assert params(some_given) == (0.7, 0.9)
+    assert params(beams) == (0.0, 1.0)  # beam search is deterministic: it takes no sampling defaults
 
 
 def test_too_long_prompt_names_the_numbers(client: TestClient) -> None:

@@ -37,6 +37,10 @@ def test_weights_cover_every_parameter(model_dir: Path) -> None:
     model, info = AutoModelForCausalLM.from_pretrained(model_dir, output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
     assert model.generation_config.eos_token_id == IM_END
+    # The model card's sampling, which requests that leave it out take (a 135M model at temperature 1
+    # answers gibberish).
+    card = model.generation_config
+    assert (card.do_sample, card.temperature, card.top_p) == (True, 0.2, 0.9)
     with safe_open(model_dir / "model.safetensors", "pt") as f:
         shapes = {key: tuple(f.get_slice(key).get_shape()) for key in f.keys()}  # noqa: SIM118
     params = {name: tuple(p.shape) for name, p in model.named_parameters()}  # tied lm_head listed once

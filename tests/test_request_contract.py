@@ -20,7 +20,7 @@ from api.batch_lines import CHAT, COMPLETIONS, read_lines
 from api.openai_online import OpenAIError, online_request
 from api.routes.generate import GenerateIn
 from contract.context import context_problem, max_model_len
-from contract.sampling import SamplingParams, hints
+from contract.sampling import ContractError, SamplingParams, hints, model_defaults
 from core.spec import JobSpec, SamplingSpec
 
 MANY = settings(
@@ -226,3 +226,15 @@ def test_the_contract_imports_neither_torch_nor_pydantic_nor_the_service() -> No
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     roots = {name.split(".")[0] for name in loaded.split()}
     assert not roots & {"torch", "pydantic", "sqlalchemy", "transformers", "core", "api", "worker", "kernels"}
+
+
+def test_model_defaults_fill_only_what_a_request_left_out() -> None:
+    model = model_defaults({"temperature": 0.2, "top_p": 0.9, "do_sample": True, "max_length": 20})
+    assert model == {"temperature": 0.2, "top_p": 0.9}  # only sampling fields the contract has
+    spec = JobSpec(prompt="hi", temperature=0.7)
+    params = spec.engine_params(model)
+    assert (params["temperature"], params["top_p"]) == (0.7, 0.9)
+    beams = JobSpec(prompt="hi", use_beam_search=True, n=2, temperature=0).engine_params(model)
+    assert (beams["temperature"], beams["top_p"]) == (0.0, 1.0)
+    with pytest.raises(ContractError, match="top_p"):
+        model_defaults({"top_p": 1.5})

