@@ -1,0 +1,187 @@
+"""What a fault costs a run in wall time: the same jobs with no fault, with PostgreSQL down for a while,
+and with Redis killed and restarted empty, each against the run without a fault.
+
+    python -m bench.fault_cost [--jobs 200] [--max-tokens 24] [--outage 20] [--fault-at 5] [--model M]
+
+Each run gets a PostgreSQL cluster and a Redis server of its own (``initdb``/``pg_ctl`` as in the tests,
+``redis-server`` on a free port, keeping nothing on disk), a migrated database, the API in this process
+and one real ``pagedq worker``, all with the default settings (heartbeat timeout, requeue_after), so the
+repair times are the ones a deployment gets. The jobs are submitted together; ``--fault-at`` seconds
+after the first submission the fault starts: PostgreSQL stopped (``-m immediate``, as a crash) for
+``--outage`` seconds, or Redis killed (SIGKILL: every queued message is lost) and started again at once.
+Prints each run's wall time from the first submission until every job has ended, how many succeeded,
+and the ratio to the run without a fault. The worker is never restarted.
+"""
+
+import argparse
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import redis
+from sqlalchemy.exc import OperationalError
+
+from core.settings import Settings
+from core.states import TERMINAL, JobStatus
+from tests.jobs_client import Database, api_over_http, start_worker
+from tests.private_postgres import PrivatePostgres, private_postgres
+from tests.services import free_port, wait_for
+
+PROMPTS = [f"Write one sentence about the number {i}." for i in range(1000)]
+
+
+class PrivateRedis:
+    """A ``redis-server`` of this bench's own, killed and restarted at will (it keeps nothing on disk)."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        command = [
+            "redis-server",
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ]
+        self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL)
+        wait_for(self._answers, 10, "redis-server to start")
+
+    def kill(self) -> None:
+        assert self.process is not None
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait(10)
+
+    def _answers(self) -> bool:
+        try:
+            return bool(redis.Redis(port=self.port, socket_connect_timeout=1).ping())
+        except redis.RedisError:
+            return False
+
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+
+@contextmanager
+def private_redis() -> Iterator[PrivateRedis]:
+    server = PrivateRedis()
+    server.start()
+    try:
+        yield server
+    finally:
+        if server.process is not None and server.process.poll() is None:
+            server.kill()
+
+
+def postgres_outage(seconds: float) -> Callable[[PrivatePostgres, PrivateRedis], None]:
+    def fault(postgres: PrivatePostgres, _: PrivateRedis) -> None:
+        postgres.stop("immediate")
+        time.sleep(seconds)
+        postgres.start()
+
+    return fault
+
+
+def redis_restart(_: PrivatePostgres, server: PrivateRedis) -> None:
+    server.kill()
+    server.start()
+
+
+def run(args: argparse.Namespace, fault: Callable[[PrivatePostgres, PrivateRedis], None] | None) -> dict:
+    work = Path(tempfile.mkdtemp(prefix="pagedq-fault-"))
+    try:
+        with private_postgres() as postgres, private_redis() as broker:
+            settings = Settings(
+                database_url=postgres.create_migrated_database(),
+                broker_url=broker.url(),
+                model=args.model,
+                data_dir=work / "data",
+                device="cpu",
+            )
+            db = Database(settings)
+            worker = start_worker(settings, db, work / "worker.log", timeout=600)
+            try:
+                with api_over_http(settings) as url:
+                    return _timed(args, settings, db, url, lambda: fault(postgres, broker) if fault else None)
+            finally:
+                worker.stop()
+                db.close()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _timed(
+    args: argparse.Namespace, settings: Settings, db: Database, url: str, fault: Callable[[], None]
+) -> dict:
+    body = {"max_tokens": args.max_tokens, "temperature": 0, "ignore_eos": True}
+    start = time.monotonic()
+    with httpx.Client(base_url=url, timeout=60) as client:
+        ids = [
+            client.post("/v1/jobs", json={"prompt": prompt, **body}).raise_for_status().json()["id"]
+            for prompt in PROMPTS[: args.jobs]
+        ]
+    submitted = time.monotonic() - start
+    injector = threading.Timer(max(0.0, args.fault_at - submitted), fault)
+    injector.start()
+
+    def ended() -> list | None:
+        try:
+            jobs = db.jobs(ids)
+        except OperationalError:  # the database is down: ask again
+            return None
+        return jobs if all(job.status in TERMINAL for job in jobs) else None
+
+    jobs = wait_for(ended, 3600, f"{len(ids)} jobs to end", interval=0.5)
+    wall = time.monotonic() - start
+    injector.join()
+    return {
+        "wall_s": wall,
+        "succeeded": sum(job.status == JobStatus.SUCCEEDED for job in jobs),
+        "rerun": sum(job.attempt > 1 for job in jobs),
+        "jobs": len(jobs),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--jobs", type=int, default=200)
+    parser.add_argument("--max-tokens", type=int, default=24)
+    parser.add_argument("--outage", type=float, default=20.0, help="seconds PostgreSQL stays down")
+    parser.add_argument("--fault-at", type=float, default=5.0, help="seconds after the first submission")
+    parser.add_argument("--model", default=Settings().model)
+    args = parser.parse_args()
+    if shutil.which("redis-server") is None:
+        raise SystemExit("redis-server is not on PATH")
+    runs = {
+        "no fault": None,
+        f"PostgreSQL down {args.outage:g} s": postgres_outage(args.outage),
+        "Redis killed and restarted empty": redis_restart,
+    }
+    baseline = None
+    print(
+        f"{args.jobs} jobs x {args.max_tokens} tokens, fault {args.fault_at:g} s after the first submission"
+    )
+    for name, fault in runs.items():
+        result = run(args, fault)
+        baseline = baseline or result["wall_s"]
+        print(
+            f"{name:34} wall {result['wall_s']:7.1f} s  x{result['wall_s'] / baseline:5.2f}  "
+            f"succeeded {result['succeeded']}/{result['jobs']}  rerun {result['rerun']}",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()
