@@ -167,8 +167,8 @@ class LLMEngine:
         return outputs + new
 
     def _fork_new_samples(self, due: list[tuple[int, Sequence]]) -> list[tuple[int, Sequence]]:
-        """Split a request's n samples off its first sequence once its prompt is computed; they share
-        its (logits row, sequence) pair's row."""
+        """Split a request's n samples off its first sequence once its prompt is computed. Takes and
+        returns (logits row, sequence) pairs: the samples of one request share the prompt's row."""
         rows = []
         for row, seq in due:
             rows.append((row, seq))
