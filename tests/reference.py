@@ -43,7 +43,7 @@ def chosen_logprobs(sample: CompletionOutput) -> list[float]:
 
 
 def assert_pool_empty(llm: LLM) -> None:
-    bm = llm.engine.block_manager
+    bm = llm.engine.scheduler.block_manager
     assert bm.num_free_blocks == bm.num_blocks, "KV blocks leaked"
     assert all(b.ref_count == 0 for b in bm.blocks)
 

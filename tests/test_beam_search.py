@@ -66,10 +66,11 @@ def test_beams_share_their_prompt_blocks(tiny_llama: Path) -> None:
 
     def peak_blocks(params: SamplingParams) -> int:
         engine, peak = llm.engine, 0
+        bm = engine.scheduler.block_manager
         engine.add_request("r", prompt, params)
         while engine.has_unfinished_requests():
             engine.step()
-            peak = max(peak, engine.block_manager.num_blocks - engine.block_manager.num_free_blocks)
+            peak = max(peak, bm.num_blocks - bm.num_free_blocks)
         return peak
 
     single = peak_blocks(SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True))
@@ -96,6 +97,16 @@ def test_beams_of_a_request_advance_together_under_a_small_token_budget(setup, t
     )
     got = [[s.token_ids for s in out.outputs] for out in small.generate(prompts, beam_params(4))]
     assert got == want
+
+
+def test_samples_batched_beside_a_beam_search_read_their_own_logits(setup) -> None:
+    """A beam search's first step and a request forking its n samples in the same step: the samples
+    must still be drawn from their own prompt's logits row."""
+    llm, _, prompts, _ = setup
+    greedy = SamplingParams(n=2, temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True)
+    [alone] = llm.generate([prompts[1]], greedy)
+    beside = llm.generate(prompts[:2], [beam_params(2), greedy])[1]
+    assert [s.token_ids for s in beside.outputs] == [s.token_ids for s in alone.outputs]
 
 
 @pytest.mark.parametrize(

@@ -87,14 +87,12 @@ def test_n_samples_share_the_prompt_blocks(llm: LLM, engine: LLMEngine) -> None:
     params = SamplingParams(n=4, temperature=1.0, max_tokens=8, seed=3, ignore_eos=True)
     engine.add_request("fan-out", prompt, params)
     first = engine.step()  # the whole prompt is computed, then forked
-    seqs = engine.requests["fan-out"].sequences
+    seqs, bm = engine.requests["fan-out"].sequences, engine.scheduler.block_manager
     assert len(seqs) == 4
     full_blocks = len(prompt) // 16
     assert all(s.block_table[:full_blocks] == seqs[0].block_table[:full_blocks] for s in seqs)
-    assert all(engine.block_manager.blocks[b].ref_count == 4 for b in seqs[0].block_table[:full_blocks])
-    assert engine.block_manager.num_blocks - engine.block_manager.num_free_blocks < 2 * len(
-        seqs[0].block_table
-    )
+    assert all(bm.blocks[b].ref_count == 4 for b in seqs[0].block_table[:full_blocks])
+    assert bm.num_blocks - bm.num_free_blocks < 2 * len(seqs[0].block_table)
     out = drain(engine, first)["fan-out"]
     assert [o.index for o in out.outputs] == [0, 1, 2, 3]
     assert all(len(o.token_ids) == 8 for o in out.outputs)
@@ -105,12 +103,12 @@ def test_abort_frees_blocks_at_once_and_keeps_partial_output(engine: LLMEngine) 
     engine.add_request("doomed", "Continuous batching refills a slot", SamplingParams(max_tokens=50))
     engine.add_request("survivor", "The quick brown fox", SamplingParams(temperature=0.0, max_tokens=5))
     first = [delta for _ in range(3) for delta in engine.step()]
-    doomed = engine.requests["doomed"].sequences[0]
-    blocks_in_use = engine.block_manager.num_blocks - engine.block_manager.num_free_blocks
+    doomed, bm = engine.requests["doomed"].sequences[0], engine.scheduler.block_manager
+    blocks_in_use = bm.num_blocks - bm.num_free_blocks
     assert engine.abort("doomed")
     assert not engine.abort("doomed")
     assert doomed.block_table == [] and doomed not in engine.scheduler.running
-    assert engine.block_manager.num_blocks - engine.block_manager.num_free_blocks < blocks_in_use
+    assert bm.num_blocks - bm.num_free_blocks < blocks_in_use
     results = drain(engine, first)
     assert results["doomed"].finished and results["doomed"].outputs[0].finish_reason == "abort"
     assert len(results["doomed"].outputs[0].token_ids) == 3
@@ -137,18 +135,20 @@ def test_lower_priority_value_is_served_first(tiny_llama: Path) -> None:
 
 def test_steps_are_incremental_and_add_up_to_generate(llm: LLM, engine: LLMEngine) -> None:
     params = SamplingParams(temperature=0.0, max_tokens=25, ignore_eos=True)
-    whole = llm.generate(PROMPT, params)[0].outputs[0]
+    [whole] = llm.generate(PROMPT, params)
     engine.add_request("stream", PROMPT, params)
-    pieces, ids, times = [], [], None
+    deltas = []
     while engine.has_unfinished_requests():
-        for delta in engine.step():
-            pieces.append(delta.outputs[0].text)
-            ids += delta.outputs[0].token_ids
-            times = delta.metrics
-    assert "".join(pieces) == whole.text and ids == whole.token_ids
-    assert len(times.token_times) == 25
-    assert times.arrival_time <= times.first_scheduled_time <= times.first_token_time <= times.finished_time
-    assert times.token_times == sorted(times.token_times)
+        deltas += engine.step()
+    assert "".join(d.outputs[0].text for d in deltas) == whole.outputs[0].text
+    assert [t for d in deltas for t in d.outputs[0].token_ids] == whole.outputs[0].token_ids
+    # each step carries the times of its own new tokens only, and folding them gives the whole list
+    assert all(len(d.metrics.token_times) == len(d.outputs[0].token_ids) for d in deltas)
+    times = [t for d in deltas for t in d.metrics.token_times]
+    assert len(times) == len(whole.metrics.token_times) == 25 and times == sorted(times)
+    last = deltas[-1].metrics
+    assert last.arrival_time <= last.first_scheduled_time <= last.first_token_time == times[0]
+    assert times[-1] <= last.finished_time
 
 
 def test_greedy_samples_that_copy_on_write_match_a_single_sample(llm: LLM, engine: LLMEngine) -> None:

@@ -14,7 +14,7 @@ from core.choices import Choice, TokenLogprob
 from core.models import storable
 from core.states import JobStatus
 from core.timings import ms
-from worker.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from worker.engine.outputs import CompletionOutput, RequestOutput
 from worker.store import Progress
 
 TokenText = Callable[[int], str]  # a token id's text, from the engine's tokenizer
@@ -55,12 +55,8 @@ class JobResult:
         metrics = output.metrics
         self.started, self.first_token = metrics.first_scheduled_time, metrics.first_token_time
         if self.started is not None:
-            self.token_times_ms.extend(ms((t - self.started) * 1000) for t in self._new_times(metrics))
-
-    def _new_times(self, metrics: RequestMetrics) -> list[float]:
-        # The engine hands out the run's whole list each step today; the tail is what is new. Once its
-        # step outputs carry only the new times (as their text and tokens), this is metrics.token_times.
-        return metrics.token_times[len(self.token_times_ms) :]
+            # A step's output carries only its new tokens' times, as its text and token ids.
+            self.token_times_ms.extend(ms((t - self.started) * 1000) for t in metrics.token_times)
 
     def _fold_sample(self, choice: Choice, sample: CompletionOutput, token_text: TokenText) -> None:
         choice.text += sample.text

@@ -5,12 +5,19 @@ Each step ranks every (beam, token) continuation by its beam's summed log-probab
 among the top ``width`` as finished hypotheses, scored ``sum_logprob / generated_len ** length_penalty``.
 The search stops when no running beam can still beat the worst kept hypothesis (transformers'
 heuristic for ``early_stopping=False``), when ``width`` hypotheses are kept (``True``), or at the
-length limit. The engine maps the chosen continuations onto sequences that share KV blocks.
+length limit. ``BeamSearcher`` runs the engine's searches on sequences that share KV blocks.
 """
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
+from transformers import PreTrainedTokenizerBase
+
+from worker.engine.outputs import CompletionOutput, RequestOutput
+from worker.engine.scheduler import Scheduler
+from worker.engine.sequence import Request, Sequence, by_request
 
 NEG_INF = -1.0e9
 
@@ -38,10 +45,6 @@ class BeamSearch:
     finished: list[Hypothesis] = field(default_factory=list)  # best first, at most ``width``
     improvable: bool = True
     done: bool = False
-
-    def restart(self) -> None:
-        """Forget everything: the request was preempted and starts over from its prompt."""
-        self.finished, self.improvable, self.done = [], True, False
 
     def step(
         self,
@@ -100,3 +103,83 @@ class BeamSearch:
             length = max_tokens
         best_possible = running[0].sum_logprob / length**self.length_penalty
         self.improvable = best_possible > self.finished[-1].score
+
+
+@dataclass
+class BeamSearcher:
+    """Advances the engine's beam searches, one token per step, on sequences the scheduler runs."""
+
+    scheduler: Scheduler
+    new_sequence: Callable[[Request, int, list[int]], Sequence]  # a sample of the request with these tokens
+    tokenizer: PreTrainedTokenizerBase
+    eos_token_ids: list[int]
+    max_model_len: int
+
+    def step(self, due: list[tuple[int, Sequence]], logits: torch.Tensor) -> list[RequestOutput]:
+        """Advance every search whose beams are due, given as (logits row, beam); returns the outputs of
+        the searches that ended. The scheduler runs a search's beams in lockstep: all are due or none."""
+        rows = {seq: row for row, seq in due}
+        ended = [
+            self._advance(beams, logits[[rows[seq] for seq in beams]]) for beams in by_request(rows).values()
+        ]
+        return [output for output in ended if output is not None]
+
+    def _advance(self, beams: list[Sequence], logits: torch.Tensor) -> RequestOutput | None:
+        request, params = beams[0].request, beams[0].request.params
+        if len(beams) != len(request.sequences):
+            raise RuntimeError(f"request {request.request_id!r}: its beams were not scheduled together")
+        if not request.forked:  # the search's first step, or its first since a preemption restarted it
+            request.beam = BeamSearch(params.beam_width, params.length_penalty, params.early_stopping)
+        search = request.beam
+        chosen = search.step(
+            torch.log_softmax(logits.float(), dim=-1).cpu(),
+            [seq.cumulative_logprob for seq in beams],
+            [seq.output_token_ids for seq in beams],
+            [*([] if params.ignore_eos else self.eos_token_ids), *params.stop_token_ids],
+            min(params.max_tokens, self.max_model_len - len(request.prompt_token_ids)),
+        )
+        request.metrics.record_token(time.monotonic())
+        if search.done:
+            return self._finish(request, search.finished[: params.n])
+        self._rebeam(request, beams, chosen)
+        return None
+
+    def _rebeam(self, request: Request, beams: list[Sequence], chosen: list[Continuation]) -> None:
+        """Make the chosen continuations the request's sequences. A beam continued k times is forked
+        k - 1 times (its blocks shared, the last one copied on write); a beam not continued is freed."""
+        continued: set[int] = set()
+        next_beams = []
+        for c in chosen:
+            parent = beams[c.beam]
+            if c.beam in continued:
+                child = self.new_sequence(request, len(request.sequences) + len(next_beams), parent.token_ids)
+                self.scheduler.fork(parent, child)
+            else:
+                continued.add(c.beam)
+                child = parent
+            next_beams.append((child, c))
+        for index, parent in enumerate(beams):
+            if index not in continued:
+                self.scheduler.finish(parent)
+        for seq, c in next_beams:
+            seq.token_ids.append(c.token)
+            seq.cumulative_logprob = c.sum_logprob
+        request.sequences, request.forked = [seq for seq, _ in next_beams], True
+
+    def _finish(self, request: Request, best: list[Hypothesis]) -> RequestOutput:
+        for seq in request.sequences:
+            self.scheduler.finish(seq)
+        request.forked = True
+        skip_special = request.params.skip_special_tokens
+        return request.output([self._completion(i, h, skip_special) for i, h in enumerate(best)])
+
+    def _completion(self, index: int, hypothesis: Hypothesis, skip_special_tokens: bool) -> CompletionOutput:
+        last = hypothesis.token_ids[-1]  # the stop reason when a stop token id (not EOS) ended it
+        return CompletionOutput(
+            index=index,
+            text=self.tokenizer.decode(hypothesis.token_ids, skip_special_tokens=skip_special_tokens),
+            token_ids=hypothesis.token_ids,
+            cumulative_logprob=hypothesis.sum_logprob,
+            finish_reason="stop" if hypothesis.ended_on_eos else "length",
+            stop_reason=last if hypothesis.ended_on_eos and last not in self.eos_token_ids else None,
+        )

@@ -72,10 +72,6 @@ class BlockManager:
             seq.block_table.append(block_id)
         seq.num_computed_tokens = seq.num_cached_tokens = len(seq.block_table) * self.block_size
 
-    def next_block_hash(self, seq: Sequence) -> int | None:
-        """The prefix-cache key of the first full block ``seq`` has not computed, if any."""
-        return next(iter(self.uncomputed_block_hashes(seq, limit=1)), None)
-
     def uncomputed_block_hashes(self, seq: Sequence, limit: int | None = None) -> list[int]:
         """Prefix-cache keys of the full blocks ``seq`` has yet to compute, in order (at most ``limit``)."""
         if not self.enable_prefix_caching:
@@ -124,6 +120,11 @@ class BlockManager:
         child.block_table = list(parent.block_table)
         child.num_computed_tokens = parent.num_computed_tokens
         child.num_cached_tokens = parent.num_cached_tokens
+
+    def take_pending_copies(self) -> list[tuple[int, int]]:
+        """The (src, dst) block copies ``grow`` asked for since the last call, for the next step to run."""
+        copies, self.pending_copies = self.pending_copies, []
+        return copies
 
     def register_full_blocks(self, seq: Sequence, num_computed_before: int) -> None:
         """Make the blocks that became full of computed tokens findable by later requests."""

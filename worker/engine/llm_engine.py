@@ -8,18 +8,18 @@ import torch
 from transformers import AutoTokenizer, GenerationConfig, PreTrainedTokenizerBase
 
 from contract.context import context_problem, max_model_len
-from worker.engine.beam_search import BeamSearch, Continuation, Hypothesis
+from worker.engine.beam_search import BeamSearcher
 from worker.engine.block_manager import BlockManager
 from worker.engine.config import EngineConfig
 from worker.engine.default_model import resolve_model
 from worker.engine.detokenizer import IncrementalDetokenizer
 from worker.engine.model.model_config import ModelConfig
 from worker.engine.model_runner import ModelRunner
-from worker.engine.outputs import CompletionOutput, RequestOutput
+from worker.engine.outputs import RequestOutput
 from worker.engine.sampler import Sampler, SamplingRow
 from worker.engine.sampling_params import SamplingParams
-from worker.engine.scheduler import ScheduledBatch, Scheduler
-from worker.engine.sequence import Request, Sequence, SequenceStatus
+from worker.engine.scheduler import Scheduler
+from worker.engine.sequence import Request, Sequence, by_request
 
 logger = logging.getLogger("pagedq.engine")
 
@@ -47,10 +47,13 @@ class LLMEngine:
         self.tokenizer: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(path)
         self.eos_token_ids = self._eos_token_ids(path)
         self.runner = ModelRunner(self.config, self.model_config, self.max_model_len)
-        self.block_manager = BlockManager(
+        block_manager = BlockManager(
             self.runner.num_blocks, self.config.block_size, self.config.enable_prefix_caching
         )
-        self.scheduler = Scheduler(self.config, self.block_manager)
+        self.scheduler = Scheduler(self.config, block_manager)
+        self.beam_searcher = BeamSearcher(
+            self.scheduler, self._new_sequence, self.tokenizer, self.eos_token_ids, self.max_model_len
+        )
         self.sampler = Sampler()
         logger.info(
             "engine ready: %s on %s (%s), max_model_len %d",
@@ -87,8 +90,6 @@ class LLMEngine:
         request = Request(
             request_id, prompt if isinstance(prompt, str) else None, token_ids, params, priority
         )
-        if params.use_beam_search:
-            request.beam = BeamSearch(params.beam_width, params.length_penalty, params.early_stopping)
         request.sequences.append(self._new_sequence(request, 0))
         self.requests[request_id] = request
         self.scheduler.add(request.sequences[0])
@@ -103,10 +104,11 @@ class LLMEngine:
         if problem := context_problem(len(token_ids), params.max_tokens, self.max_model_len):
             raise ValueError(f"request {request_id!r}: {problem}")
         total = len(token_ids) + params.max_tokens
-        if self.block_manager.blocks_needed(total) > self.block_manager.num_blocks:
+        pool_tokens = self.runner.num_blocks * self.config.block_size
+        if total > pool_tokens:
             raise ValueError(
                 f"request {request_id!r}: needs {total} tokens of KV cache but the whole pool holds "
-                f"{self.block_manager.num_blocks * self.config.block_size}"
+                f"{pool_tokens}"
             )
 
     def _new_sequence(self, request: Request, index: int, token_ids: list[int] | None = None) -> Sequence:
@@ -140,42 +142,28 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         outputs, self.finished_outside_step = self.finished_outside_step, []
         batch = self.scheduler.schedule()
-        if batch.is_empty:
+        if not batch.sequences:
             return outputs
         now = time.monotonic()
         for seq in batch.sequences:
             if seq.request.metrics.first_scheduled_time is None:
                 seq.request.metrics.first_scheduled_time = now
         logits = self.runner.execute(batch)
-        due = list(enumerate(self._advance(batch)))
-        outputs += self._beam_steps([(row, s) for row, s in due if s.request.beam is not None], logits)
-        rows = self._fork_new_samples([(row, s) for row, s in due if s.request.beam is None])
-        if not rows:
-            return outputs
-        if len(rows) != len(due):
-            logits = logits[torch.tensor([row for row, _ in rows], device=logits.device)]
-        sampled = self.sampler(logits, [self._sampling_row(seq) for _, seq in rows])
-        now = time.monotonic()
-        for i, (_, seq) in enumerate(rows):
-            self._append_token(seq, sampled.token_ids[i], sampled.logprobs[i], sampled.top_logprobs[i], now)
-        return outputs + self._collect_outputs([seq for _, seq in rows])
-
-    def _advance(self, batch: ScheduledBatch) -> list[Sequence]:
-        """Count the computed tokens and cache full blocks; returns the sequences due a new token."""
-        due = []
-        for seq, num_new in zip(batch.sequences, batch.num_new_tokens, strict=True):
-            before = seq.num_computed_tokens
-            seq.num_computed_tokens += num_new
-            self.block_manager.register_full_blocks(seq, before)
-            if seq.num_computed_tokens == seq.num_tokens:
-                due.append(seq)
-        return due
+        due = list(enumerate(self.scheduler.advance(batch)))
+        beams = [(row, seq) for row, seq in due if seq.request.params.use_beam_search]
+        rows = self._fork_new_samples(
+            [(row, seq) for row, seq in due if not seq.request.params.use_beam_search]
+        )
+        self.num_generated_tokens += len(beams) + len(rows)
+        new = self.beam_searcher.step(beams, logits) + self._sample(rows, logits)
+        for output in new:
+            if output.finished:
+                del self.requests[output.request_id]
+        return outputs + new
 
     def _fork_new_samples(self, due: list[tuple[int, Sequence]]) -> list[tuple[int, Sequence]]:
-        """Split a request's n samples off its first sequence once its prompt is computed.
-
-        Takes and returns (logits row, sequence) pairs: the samples of one request share the prompt's row.
-        """
+        """Split a request's n samples off its first sequence once its prompt is computed. Takes and
+        returns (logits row, sequence) pairs: the samples of one request share the prompt's row."""
         rows = []
         for row, seq in due:
             rows.append((row, seq))
@@ -185,112 +173,23 @@ class LLMEngine:
             request.forked = True
             for index in range(1, request.params.n):
                 child = self._new_sequence(request, index, seq.token_ids)
-                self.block_manager.fork(seq, child)
-                child.status = SequenceStatus.RUNNING
-                self.scheduler.running.append(child)
+                self.scheduler.fork(seq, child)
                 request.sequences.append(child)
                 rows.append((row, child))
         return rows
 
-    # --- beam search ---
-
-    def _beam_steps(self, due: list[tuple[int, Sequence]], logits: torch.Tensor) -> list[RequestOutput]:
-        by_request: dict[str, list[tuple[int, Sequence]]] = {}
-        for row, seq in due:
-            by_request.setdefault(seq.request.request_id, []).append((row, seq))
-        outputs = []
-        for request_id, rows in by_request.items():
-            request = self.requests[request_id]
-            beams = [seq for _, seq in rows]
-            if len(beams) < len(request.sequences):  # a beam missed this step's budget: all wait a step
-                for seq in beams:
-                    seq.num_computed_tokens -= 1  # recompute its last token next step
-                continue
-            log_probs = torch.log_softmax(logits[[row for row, _ in rows]].float(), dim=-1).cpu()
-            if output := self._beam_step(request, request.beam, beams, log_probs):
-                outputs.append(output)
-        return outputs
-
-    def _beam_step(
-        self, request: Request, search: BeamSearch, beams: list[Sequence], log_probs: torch.Tensor
-    ) -> RequestOutput | None:
-        params = request.params
-        stop_ids = [*([] if params.ignore_eos else self.eos_token_ids), *params.stop_token_ids]
-        chosen = search.step(
-            log_probs,
-            [seq.cumulative_logprob for seq in beams],
-            [seq.output_token_ids for seq in beams],
-            stop_ids,
-            min(params.max_tokens, self.max_model_len - len(request.prompt_token_ids)),
-        )
+    def _sample(self, rows: list[tuple[int, Sequence]], logits: torch.Tensor) -> list[RequestOutput]:
+        """Sample the next token of each (logits row, sequence); returns the outputs of their requests."""
+        if not rows:
+            return []
+        row_ids = [row for row, _ in rows]
+        if row_ids != list(range(len(logits))):
+            logits = logits[torch.tensor(row_ids, device=logits.device)]
+        sampled = self.sampler(logits, [self._sampling_row(seq) for _, seq in rows])
         now = time.monotonic()
-        request.metrics.first_token_time = request.metrics.first_token_time or now
-        request.metrics.token_times.append(now)
-        self.num_generated_tokens += len(beams)
-        if search.done:
-            return self._finish_beam_search(request, search.finished[: params.n])
-        self._rebeam(request, beams, chosen)
-        return None
-
-    def _rebeam(self, request: Request, beams: list[Sequence], chosen: list[Continuation]) -> None:
-        """Make the chosen continuations the request's sequences. A beam continued k times is forked
-        k - 1 times (its blocks shared, the last one copied on write); a beam not continued is freed."""
-        continued: set[int] = set()
-        next_beams = []
-        for c in chosen:
-            parent = beams[c.beam]
-            if c.beam in continued:
-                child = self._new_sequence(
-                    request, len(request.sequences) + len(next_beams), parent.token_ids
-                )
-                self.block_manager.fork(parent, child)
-                child.status = SequenceStatus.RUNNING
-                self.scheduler.running.append(child)
-            else:
-                continued.add(c.beam)
-                child = parent
-            next_beams.append((child, c))
-        for index, parent in enumerate(beams):
-            if index not in continued:
-                parent.status = SequenceStatus.FINISHED
-                self.scheduler.remove(parent)
-        for seq, c in next_beams:
-            seq.token_ids.append(c.token)
-            seq.cumulative_logprob = c.sum_logprob
-        request.sequences, request.forked = [seq for seq, _ in next_beams], True
-
-    def _finish_beam_search(self, request: Request, best: list[Hypothesis]) -> RequestOutput:
-        for seq in request.sequences:
-            seq.status = SequenceStatus.FINISHED
-            self.scheduler.remove(seq)
-        request.forked = True
-        request.metrics.finished_time = time.monotonic()
-        del self.requests[request.request_id]
-        skip_special = request.params.skip_special_tokens
-        return RequestOutput(
-            request_id=request.request_id,
-            prompt=request.prompt,
-            prompt_token_ids=request.prompt_token_ids,
-            outputs=[
-                CompletionOutput(
-                    index=i,
-                    text=self.tokenizer.decode(h.token_ids, skip_special_tokens=skip_special),
-                    token_ids=h.token_ids,
-                    cumulative_logprob=h.sum_logprob,
-                    finish_reason="stop" if h.ended_on_eos else "length",
-                    stop_reason=self._beam_stop_reason(h),
-                )
-                for i, h in enumerate(best)
-            ],
-            finished=True,
-            metrics=request.metrics,
-            num_cached_tokens=request.num_cached_tokens,
-        )
-
-    def _beam_stop_reason(self, hypothesis: Hypothesis) -> int | None:
-        """The stop token id that ended a hypothesis; None for EOS or the length limit."""
-        last = hypothesis.token_ids[-1]
-        return last if hypothesis.ended_on_eos and last not in self.eos_token_ids else None
+        for i, (_, seq) in enumerate(rows):
+            self._append_token(seq, sampled.token_ids[i], sampled.logprobs[i], sampled.top_logprobs[i], now)
+        return [self._output(request, seqs) for request, seqs in by_request(seq for _, seq in rows).items()]
 
     def _sampling_row(self, seq: Sequence) -> SamplingRow:
         request = seq.request
@@ -305,12 +204,8 @@ class LLMEngine:
         if logprob is not None and top is not None:
             seq.cumulative_logprob += logprob
             seq.logprobs.append(top)
-        metrics = seq.request.metrics
-        if metrics.first_token_time is None:
-            metrics.first_token_time = now
         if seq.index == 0:
-            metrics.token_times.append(now)
-        self.num_generated_tokens += 1
+            seq.request.metrics.record_token(now)
         reason = self._stop_reason(seq, token)
         if reason is not None:
             self._finish(seq, *reason)
@@ -331,56 +226,11 @@ class LLMEngine:
     def _finish(self, seq: Sequence, reason: str, stop_reason: str | int | None = None) -> None:
         if not isinstance(stop_reason, str):
             seq.detokenizer.flush()
-        seq.status = SequenceStatus.FINISHED
         seq.finish_reason, seq.stop_reason = reason, stop_reason
-        self.scheduler.remove(seq)
-
-    # --- outputs ---
-
-    def _collect_outputs(self, sampled: list[Sequence]) -> list[RequestOutput]:
-        by_request: dict[str, list[Sequence]] = {}
-        for seq in sampled:
-            by_request.setdefault(seq.request.request_id, []).append(seq)
-        outputs = []
-        for request_id, seqs in by_request.items():
-            request = self.requests[request_id]
-            outputs.append(self._output(request, seqs))
-            if request.is_finished:
-                del self.requests[request_id]
-        return outputs
+        self.scheduler.finish(seq)
 
     def _output(self, request: Request, seqs: list[Sequence]) -> RequestOutput:
-        if request.is_finished and request.metrics.finished_time is None:
-            request.metrics.finished_time = time.monotonic()
-        return RequestOutput(
-            request_id=request.request_id,
-            prompt=request.prompt,
-            prompt_token_ids=request.prompt_token_ids,
-            outputs=[self._delta(seq) for seq in sorted(seqs, key=lambda s: s.index)],
-            finished=request.is_finished,
-            metrics=request.metrics,
-            num_cached_tokens=request.num_cached_tokens,
-        )
-
-    def _delta(self, seq: Sequence) -> CompletionOutput:
-        """What ``seq`` produced since it was last reported."""
-        output_ids = seq.output_token_ids
-        new_ids = output_ids[seq.num_emitted_tokens :]
-        seq.num_emitted_tokens = len(output_ids)
-        new_logprobs, cumulative = None, None
-        if seq.request.params.logprobs is not None:
-            new_logprobs = seq.logprobs[seq.num_emitted_logprobs :]
-            seq.num_emitted_logprobs = len(seq.logprobs)
-            cumulative = seq.cumulative_logprob
-        return CompletionOutput(
-            index=seq.index,
-            text=seq.detokenizer.take_new_text(seq.is_finished),
-            token_ids=new_ids,
-            cumulative_logprob=cumulative,
-            logprobs=new_logprobs,
-            finish_reason=seq.finish_reason,
-            stop_reason=seq.stop_reason,
-        )
+        return request.output([seq.take_output() for seq in sorted(seqs, key=lambda s: s.index)])
 
     # --- observability ---
 
@@ -388,7 +238,7 @@ class LLMEngine:
         return EngineStats(
             num_running=len(self.scheduler.running),
             num_waiting=len(self.scheduler.waiting),
-            kv_cache_usage=self.block_manager.usage,
+            kv_cache_usage=self.scheduler.kv_cache_usage,
             num_preemptions=self.scheduler.num_preemptions,
             num_generated_tokens=self.num_generated_tokens,
         )

@@ -1,6 +1,6 @@
 """What the engine hands back: per-request outputs, their samples and timings."""
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 # One generated position's log-probabilities: token id -> logprob (the sampled token and the top-k).
 TokenLogprobs = dict[int, float]
@@ -34,13 +34,19 @@ class CompletionOutput:
 
 @dataclass
 class RequestMetrics:
-    """Monotonic timestamps (``time.monotonic()``, seconds) of one request's life."""
+    """Monotonic timestamps (``time.monotonic()``, seconds) of one request's life. From ``LLMEngine.step``,
+    ``token_times`` holds only the new tokens' times, as the samples hold only the new tokens."""
 
     arrival_time: float
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
     finished_time: float | None = None
-    token_times: list[float] = field(default_factory=list)  # one per generated token (first sample)
+    token_times: list[float] = field(default_factory=list)  # one per token of the first sample (or beam step)
+
+    def record_token(self, now: float) -> None:
+        if self.first_token_time is None:
+            self.first_token_time = now
+        self.token_times.append(now)
 
 
 @dataclass
@@ -63,5 +69,6 @@ class RequestOutput:
                 self.outputs.append(d)
         self.outputs.sort(key=lambda o: o.index)
         self.finished = delta.finished
-        self.metrics = delta.metrics
+        self.metrics.token_times.extend(delta.metrics.token_times)
+        self.metrics = replace(delta.metrics, token_times=self.metrics.token_times)
         self.num_cached_tokens = delta.num_cached_tokens

@@ -4,6 +4,9 @@ Every step fills a token budget and a sequence limit: running sequences first (d
 prefills still in progress), then waiting ones in priority order. Long prompts are prefilled
 in chunks. When the KV pool runs dry, the lowest-priority, latest-arrived running sequence is
 preempted: its blocks are freed and it is recomputed later.
+
+After the step the engine calls ``advance`` (tokens computed), ``fork`` (a sample or beam sharing its
+parent's blocks) and ``finish``; it never touches the queues or the block pool itself.
 """
 
 import bisect
@@ -23,10 +26,6 @@ class ScheduledBatch:
     num_new_tokens: list[int]  # per sequence, tokens computed this step
     blocks_to_copy: list[tuple[int, int]]
 
-    @property
-    def is_empty(self) -> bool:
-        return not self.sequences
-
 
 @dataclass
 class Scheduler:
@@ -40,13 +39,9 @@ class Scheduler:
         seq.status = SequenceStatus.WAITING
         bisect.insort(self.waiting, seq, key=lambda s: s.sort_key)
 
-    def remove(self, seq: Sequence) -> None:
-        """Take a finished or aborted sequence out of the queues and free its blocks at once."""
-        if seq in self.running:
-            self.running.remove(seq)
-        elif seq in self.waiting:
-            self.waiting.remove(seq)
-        self.block_manager.free(seq)
+    @property
+    def kv_cache_usage(self) -> float:
+        return self.block_manager.usage
 
     def schedule(self) -> ScheduledBatch:
         batch = ScheduledBatch([], [], [])
@@ -57,8 +52,7 @@ class Scheduler:
             logger.info("preempted %d sequence(s): KV cache full", preempted)
         else:
             self._schedule_waiting(batch, budget)
-        batch.blocks_to_copy = self.block_manager.pending_copies
-        self.block_manager.pending_copies = []
+        batch.blocks_to_copy = self.block_manager.take_pending_copies()
         return batch
 
     def _schedule_running(self, batch: ScheduledBatch, budget: int) -> int:
@@ -83,7 +77,7 @@ class Scheduler:
     def _beams_fit(seq: Sequence, budget: int, batch: ScheduledBatch) -> bool:
         """The beams of a search advance together: all of them this step, or none."""
         request = seq.request
-        if request.beam is None or not request.forked:
+        if not request.params.use_beam_search or not request.forked:
             return True
         return sum(s.num_uncomputed_tokens for s in request.sequences if s not in batch.sequences) <= budget
 
@@ -94,7 +88,7 @@ class Scheduler:
         """
         while not self.block_manager.can_grow(seq, num_new):
             victim = max((s for s in self.running if s not in batch.sequences), key=lambda s: s.sort_key)
-            if victim.request.beam is not None:
+            if victim.request.params.use_beam_search:
                 self._restart_beam_search(victim, batch)
             else:
                 self._preempt(victim)
@@ -110,19 +104,17 @@ class Scheduler:
 
     def _restart_beam_search(self, victim: Sequence, batch: ScheduledBatch) -> None:
         """Beams advance in lockstep, so a beam search is preempted whole and starts over from its prompt
-        (mostly from the prefix cache); greedy beam search then finds the same beams again."""
+        (mostly from the prefix cache), unforked: its first step then starts a fresh search, which, being
+        greedy, finds the same beams again."""
         request = victim.request
         for seq in request.sequences:
             if seq in batch.sequences:
                 index = batch.sequences.index(seq)
                 del batch.sequences[index], batch.num_new_tokens[index]
-            self.remove(seq)
-            seq.status = SequenceStatus.FINISHED
+            self.finish(seq)
         first = request.sequences[0]
         first.token_ids, first.cumulative_logprob = list(request.prompt_token_ids), 0.0
         request.sequences, request.forked = [first], False
-        if request.beam is not None:
-            request.beam.restart()
         self.num_preemptions += 1
         self.add(first)
 
@@ -140,7 +132,7 @@ class Scheduler:
                 break
             self.block_manager.match_prefix(seq)
             num_new = min(seq.num_uncomputed_tokens, budget)
-            if self.block_manager.next_block_hash(seq) in upcoming:
+            if set(self.block_manager.uncomputed_block_hashes(seq, limit=1)) & upcoming:
                 self.block_manager.free(seq)
                 index += 1
                 continue
@@ -168,3 +160,32 @@ class Scheduler:
     def _seats(self, seq: Sequence) -> int:
         """A request not yet forked will need a seat for each of its samples."""
         return 1 if seq.request.forked else seq.request.params.num_sequences
+
+    # --- after a step ---
+
+    def advance(self, batch: ScheduledBatch) -> list[Sequence]:
+        """Count the tokens the step computed and cache the blocks they filled. Returns the sequences whose
+        next token is due, in the order of the step's logits rows."""
+        due = []
+        for seq, num_new in zip(batch.sequences, batch.num_new_tokens, strict=True):
+            before = seq.num_computed_tokens
+            seq.num_computed_tokens += num_new
+            self.block_manager.register_full_blocks(seq, before)
+            if seq.num_computed_tokens == seq.num_tokens:
+                due.append(seq)
+        return due
+
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        """Run ``child`` beside ``parent`` on its blocks (a partly filled last one is copied on write)."""
+        self.block_manager.fork(parent, child)
+        child.status = SequenceStatus.RUNNING
+        self.running.append(child)
+
+    def finish(self, seq: Sequence) -> None:
+        """Take a finished or aborted sequence out of the queues and free its blocks at once."""
+        seq.status = SequenceStatus.FINISHED
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        self.block_manager.free(seq)

@@ -3,14 +3,18 @@
 import enum
 import itertools
 import time
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 import torch
 
-from worker.engine.beam_search import BeamSearch
 from worker.engine.detokenizer import IncrementalDetokenizer
-from worker.engine.outputs import RequestMetrics, TokenLogprobs
+from worker.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput, TokenLogprobs
 from worker.engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:  # beam_search.py runs on sequences, so it imports this module
+    from worker.engine.beam_search import BeamSearch
 
 
 class SequenceStatus(enum.Enum):
@@ -36,20 +40,15 @@ class Sequence:
     finish_reason: str | None = None
     stop_reason: str | int | None = None
     detokenizer: IncrementalDetokenizer | None = None
-    num_emitted_tokens: int = 0  # tokens already handed out by step()
-    num_emitted_logprobs: int = 0
+    num_emitted_tokens: int = 0  # tokens (and their logprobs) already handed out by step()
 
     @property
     def num_tokens(self) -> int:
         return len(self.token_ids)
 
     @property
-    def num_prompt_tokens(self) -> int:
-        return len(self.request.prompt_token_ids)
-
-    @property
     def output_token_ids(self) -> list[int]:
-        return self.token_ids[self.num_prompt_tokens :]
+        return self.token_ids[len(self.request.prompt_token_ids) :]
 
     @property
     def num_uncomputed_tokens(self) -> int:
@@ -63,6 +62,20 @@ class Sequence:
     def sort_key(self) -> tuple[int, int, int]:
         """Scheduling order: lower priority value first, then arrival (FCFS), then sample index."""
         return (self.request.priority, self.request.arrival_order, self.index)
+
+    def take_output(self) -> CompletionOutput:
+        """What this sample produced since it was last reported (``logprobs`` has one entry per token)."""
+        start, self.num_emitted_tokens = self.num_emitted_tokens, len(self.output_token_ids)
+        wants_logprobs = self.request.params.logprobs is not None
+        return CompletionOutput(
+            index=self.index,
+            text=self.detokenizer.take_new_text(self.is_finished),
+            token_ids=self.output_token_ids[start:],
+            cumulative_logprob=self.cumulative_logprob if wants_logprobs else None,
+            logprobs=self.logprobs[start:] if wants_logprobs else None,
+            finish_reason=self.finish_reason,
+            stop_reason=self.stop_reason,
+        )
 
 
 _arrival_counter = itertools.count()
@@ -79,7 +92,7 @@ class Request:
     metrics: RequestMetrics = field(default_factory=lambda: RequestMetrics(arrival_time=time.monotonic()))
     sequences: list[Sequence] = field(default_factory=list)
     forked: bool = False  # whether the n samples (or the beams) have been split off the first one
-    beam: BeamSearch | None = None  # the search state of a beam-search request
+    beam: "BeamSearch | None" = None  # the search state of a beam-search request
 
     @property
     def is_finished(self) -> bool:
@@ -88,3 +101,26 @@ class Request:
     @property
     def num_cached_tokens(self) -> int:
         return self.sequences[0].num_cached_tokens
+
+    def output(self, samples: list[CompletionOutput]) -> RequestOutput:
+        """The request's output since the last one: ``samples`` and the times of the new tokens."""
+        if self.is_finished and self.metrics.finished_time is None:
+            self.metrics.finished_time = time.monotonic()
+        new_times, self.metrics.token_times = self.metrics.token_times, []
+        return RequestOutput(
+            request_id=self.request_id,
+            prompt=self.prompt,
+            prompt_token_ids=self.prompt_token_ids,
+            outputs=samples,
+            finished=self.is_finished,
+            metrics=replace(self.metrics, token_times=new_times),
+            num_cached_tokens=self.num_cached_tokens,
+        )
+
+
+def by_request(seqs: Iterable[Sequence]) -> dict[Request, list[Sequence]]:
+    """Sequences grouped by their request, each group in the order given."""
+    groups: dict[Request, list[Sequence]] = {}
+    for seq in seqs:
+        groups.setdefault(seq.request, []).append(seq)
+    return groups

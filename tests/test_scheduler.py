@@ -1,0 +1,105 @@
+"""The scheduler's after-step interface (advance, fork, finish) and its preemptions, without a model."""
+
+from worker.engine.block_manager import BlockManager
+from worker.engine.config import EngineConfig
+from worker.engine.sampling_params import SamplingParams
+from worker.engine.scheduler import Scheduler
+from worker.engine.sequence import Request, Sequence, SequenceStatus
+
+BS = 4
+
+
+def scheduler(num_blocks: int, **config: int) -> Scheduler:
+    return Scheduler(EngineConfig(block_size=BS, **config), BlockManager(num_blocks, BS))
+
+
+def sequence(request_id: str, tokens: range, priority: int = 0, **params: object) -> Sequence:
+    request = Request(request_id, None, list(tokens), SamplingParams(**params), priority)
+    request.sequences.append(Sequence(request, 0, list(tokens)))
+    return request.sequences[0]
+
+
+def sample(*seqs: Sequence) -> None:
+    """Append a token to each, as the engine does with the step's samples."""
+    for seq in seqs:
+        seq.token_ids.append(1)
+
+
+def step(s: Scheduler) -> list[Sequence]:
+    """A step as the engine runs it, less the model: schedule, then report what was computed."""
+    return s.advance(s.schedule())
+
+
+def blocks_in_use(s: Scheduler) -> int:
+    return s.block_manager.num_blocks - s.block_manager.num_free_blocks
+
+
+def test_advance_counts_a_chunked_prefill_and_reports_a_sequence_due_once_its_prompt_is_computed() -> None:
+    s = scheduler(16, max_num_batched_tokens=6)
+    seq = sequence("r", range(10))
+    s.add(seq)
+    assert step(s) == [] and seq.num_computed_tokens == 6 and seq.status is SequenceStatus.RUNNING
+    assert step(s) == [seq] and seq.num_computed_tokens == 10
+    assert len(s.block_manager.cached) == 2  # both full blocks are findable by later prompts
+
+
+def test_fork_shares_the_parents_blocks_and_finish_frees_each_sequences_claim() -> None:
+    s = scheduler(16)
+    parent = sequence("r", range(6), n=2)  # one full block, one half-filled
+    s.add(parent)
+    assert step(s) == [parent]
+    child = Sequence(parent.request, 1, list(parent.token_ids))
+    s.fork(parent, child)
+    assert child.status is SequenceStatus.RUNNING and child in s.running
+    assert child.block_table == parent.block_table and child.num_computed_tokens == 6
+    assert blocks_in_use(s) == 2
+    sample(parent, child)
+    batch = s.schedule()
+    assert batch.sequences == [parent, child]
+    assert batch.blocks_to_copy == [(child.block_table[1], parent.block_table[1])]  # first writer copies
+    assert s.advance(batch) == [parent, child]
+    s.finish(parent)
+    assert parent.status is SequenceStatus.FINISHED and parent not in s.running and parent.block_table == []
+    assert blocks_in_use(s) == 2  # the child's: the shared full block and the half-filled one
+    s.finish(child)
+    assert blocks_in_use(s) == 0 and s.running == [] and s.waiting == []
+
+
+def test_a_full_pool_preempts_the_lowest_priority_sequence_which_resumes_from_the_prefix_cache() -> None:
+    s = scheduler(4)
+    urgent, late = sequence("urgent", range(7)), sequence("late", range(50, 57), priority=1)
+    s.add(late)
+    s.add(urgent)
+    for _ in range(2):  # prefill, then a decode that fills each second block
+        assert step(s) == [urgent, late]
+        sample(urgent, late)
+    batch = s.schedule()  # urgent needs a third block and none is free
+    assert batch.sequences == [urgent] and s.num_preemptions == 1
+    assert late.status is SequenceStatus.WAITING and s.waiting == [late] and late.block_table == []
+    s.advance(batch)
+    s.finish(urgent)
+    assert step(s) == [late] and late.num_cached_tokens == BS  # its first block survived in the cache
+    s.finish(late)
+    assert blocks_in_use(s) == 0
+
+
+def test_a_preempted_beam_search_is_freed_whole_and_starts_over_from_its_prompt() -> None:
+    s = scheduler(5)
+    urgent = sequence("urgent", range(7))
+    first = sequence("beams", range(50, 56), priority=1, use_beam_search=True, n=2, temperature=0.0)
+    request = first.request
+    s.add(urgent)
+    s.add(first)
+    assert step(s) == [urgent, first]
+    second = Sequence(request, 1, list(first.token_ids))  # as the beam searcher forks a beam
+    s.fork(first, second)
+    request.sequences, request.forked = [first, second], True
+    sample(urgent, first, second)
+    assert step(s) == [urgent, first, second]  # the first beam's copy on write takes the last free block
+    sample(urgent, first, second)
+    batch = s.schedule()  # urgent needs a block: the search is the victim, both of its beams at once
+    assert batch.sequences == [urgent] and s.num_preemptions == 1
+    assert second.status is SequenceStatus.FINISHED and second.block_table == []
+    assert request.sequences == [first] and not request.forked and s.waiting == [first]
+    assert first.token_ids == list(range(50, 56)) and first.cumulative_logprob == 0.0
+    assert s.running == [urgent] and blocks_in_use(s) == 3
