@@ -22,6 +22,7 @@ RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev &
 RUN pip install --index-url "$TORCH_INDEX_URL" "torch==$TORCH_VERSION"
 COPY pyproject.toml README.md ./
 COPY pagedq ./pagedq
+COPY contract ./contract
 COPY core ./core
 COPY api ./api
 COPY worker ./worker
