@@ -33,6 +33,7 @@ from core.states import TERMINAL, JobStatus
 from tests.jobs_client import Database, api_over_http, start_worker
 from tests.private_postgres import PrivatePostgres, private_postgres
 from tests.services import free_port, wait_for
+from worker.engine.default_model import resolve_model
 
 PROMPTS = [f"Write one sentence about the number {i}." for i in range(1000)]
 
@@ -162,6 +163,7 @@ def main() -> None:
     parser.add_argument("--fault-at", type=float, default=5.0, help="seconds after the first submission")
     parser.add_argument("--model", default=Settings().model)
     args = parser.parse_args()
+    args.model = str(resolve_model(args.model))  # the API is served from this process: a directory
     if shutil.which("redis-server") is None:
         raise SystemExit("redis-server is not on PATH")
     runs = {
