@@ -1,7 +1,7 @@
 """What a fault costs a run in wall time: the same jobs with no fault, with PostgreSQL down for a while,
 and with Redis killed and restarted empty, each against the run without a fault.
 
-    python -m bench.fault_cost [--jobs 200] [--max-tokens 24] [--outage 20] [--fault-at 5] [--model M]
+    python -m bench.fault_cost [--jobs 200] [--max-tokens 24] [--outage 20] [--fault-at 5] [--seats N]
 
 Each run gets a PostgreSQL cluster and a Redis server of its own (``initdb``/``pg_ctl`` as in the tests,
 ``redis-server`` on a free port, keeping nothing on disk), a migrated database, the API in this process
@@ -110,6 +110,7 @@ def run(args: argparse.Namespace, fault: Callable[[PrivatePostgres, PrivateRedis
                 model=args.model,
                 data_dir=work / "data",
                 device="cpu",
+                max_num_seqs=args.seats,
             )
             db = Database(settings)
             worker = start_worker(settings, db, work / "worker.log", timeout=600)
@@ -162,6 +163,12 @@ def main() -> None:
     parser.add_argument("--outage", type=float, default=20.0, help="seconds PostgreSQL stays down")
     parser.add_argument("--fault-at", type=float, default=5.0, help="seconds after the first submission")
     parser.add_argument("--model", default=Settings().model)
+    parser.add_argument(
+        "--seats",
+        type=int,
+        default=Settings().max_num_seqs,
+        help="the worker's seats: fewer than --jobs keeps messages waiting in Redis",
+    )
     args = parser.parse_args()
     args.model = str(resolve_model(args.model))  # the API is served from this process: a directory
     if shutil.which("redis-server") is None:
