@@ -180,7 +180,8 @@ def main() -> None:
     }
     baseline = None
     print(
-        f"{args.jobs} jobs x {args.max_tokens} tokens, fault {args.fault_at:g} s after the first submission"
+        f"{args.jobs} jobs x {args.max_tokens} tokens, {args.seats} seats, "
+        f"fault {args.fault_at:g} s after the first submission"
     )
     for name, fault in runs.items():
         result = run(args, fault)
