@@ -1,7 +1,7 @@
 """The block pool: prefix hits, LRU eviction of cached blocks, copy-on-write, no leaks."""
 
+from contract.sampling import SamplingParams
 from worker.engine.block_manager import BlockManager
-from worker.engine.sampling_params import SamplingParams
 from worker.engine.sequence import Request, Sequence
 
 BS = 4

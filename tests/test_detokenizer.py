@@ -3,9 +3,9 @@
 import pytest
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
 
+from contract.sampling import SamplingParams
 from tests.tiny_models import build_tokenizer
 from worker.engine.detokenizer import IncrementalDetokenizer
-from worker.engine.sampling_params import SamplingParams
 
 TEXT = "héllo wörld — 日本語 🙂 ça va"
 

@@ -78,8 +78,10 @@ def test_no_request_is_a_server_error(service_settings: Settings) -> None:
         **{**service_settings.model_dump(), "max_wait_seconds": 0.0, "heartbeat_timeout": 3600}
     )
     app = create_app(settings, Path(settings.model))
-    with make_sessionmaker(make_db_engine(settings)).begin() as session:
+    db_engine = make_db_engine(settings)
+    with make_sessionmaker(db_engine).begin() as session:
         session.add(Worker(id="fuzz:1", model=settings.served_model_name, heartbeat_at=utcnow(), stats={}))
+    db_engine.dispose()
     schema = schemathesis.openapi.from_asgi("/openapi.json", app)
     client = TestClient(app, raise_server_exceptions=False)
     operations = [result.ok() for result in schema.get_all_operations()]

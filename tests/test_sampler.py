@@ -6,8 +6,8 @@ from collections import Counter
 import pytest
 import torch
 
+from contract.sampling import SamplingParams
 from worker.engine.sampler import Sampler, SamplingRow, apply_min_tokens, apply_penalties
-from worker.engine.sampling_params import SamplingParams
 
 sampler = Sampler()
 

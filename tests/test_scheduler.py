@@ -1,8 +1,8 @@
 """The scheduler's after-step interface (advance, fork, finish) and its preemptions, without a model."""
 
+from contract.engine import EngineConfig
+from contract.sampling import SamplingParams
 from worker.engine.block_manager import BlockManager
-from worker.engine.config import EngineConfig
-from worker.engine.sampling_params import SamplingParams
 from worker.engine.scheduler import Scheduler
 from worker.engine.sequence import Request, Sequence, SequenceStatus
 

@@ -3,11 +3,11 @@
 It knows nothing of HTTP, SQL or Celery; the worker drives it through ``LLMEngine``.
 """
 
-from worker.engine.config import EngineConfig
+from contract.engine import EngineConfig
+from contract.sampling import SamplingParams
 from worker.engine.llm import LLM
 from worker.engine.llm_engine import EngineStats, LLMEngine
 from worker.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
-from worker.engine.sampling_params import SamplingParams
 
 __all__ = [
     "LLM",

@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from worker.engine.config import DEFAULT_MODEL
+from contract.engine import DEFAULT_MODEL
 
 if TYPE_CHECKING:
     import torch

@@ -8,7 +8,7 @@ the start of a stop string is held back until it cannot.
 from tokenizers import Tokenizer
 from tokenizers.decoders import DecodeStream
 
-from worker.engine.sampling_params import SamplingParams
+from contract.sampling import SamplingParams
 
 
 class IncrementalDetokenizer:

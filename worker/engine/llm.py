@@ -6,11 +6,11 @@ from collections.abc import Sequence
 
 from tqdm import tqdm
 
-from worker.engine.config import EngineConfig
+from contract.engine import EngineConfig
+from contract.sampling import SamplingParams
 from worker.engine.default_model import DEFAULT_MODEL
 from worker.engine.llm_engine import LLMEngine
 from worker.engine.outputs import RequestOutput
-from worker.engine.sampling_params import SamplingParams
 
 Prompt = str | list[int]
 Message = dict[str, str]

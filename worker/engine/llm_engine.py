@@ -8,16 +8,16 @@ import torch
 from transformers import AutoTokenizer, GenerationConfig, PreTrainedTokenizerBase
 
 from contract.context import context_problem, max_model_len
+from contract.engine import EngineConfig
+from contract.sampling import SamplingParams
 from worker.engine.beam_search import BeamSearcher
 from worker.engine.block_manager import BlockManager
-from worker.engine.config import EngineConfig
 from worker.engine.default_model import resolve_model
 from worker.engine.detokenizer import IncrementalDetokenizer
 from worker.engine.model.model_config import ModelConfig
 from worker.engine.model_runner import ModelRunner
 from worker.engine.outputs import RequestOutput
 from worker.engine.sampler import Sampler, SamplingRow
-from worker.engine.sampling_params import SamplingParams
 from worker.engine.scheduler import Scheduler
 from worker.engine.sequence import Request, Sequence, by_request
 

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 import torch
 
+from contract.engine import EngineConfig
 from kernels import AttentionMetadata, backend_for, copy_blocks
-from worker.engine.config import EngineConfig
 from worker.engine.cuda_graphs import DecodeGraphs
 from worker.engine.model.llama import KVCache, LlamaForCausalLM
 from worker.engine.model.loader import load_model

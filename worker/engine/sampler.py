@@ -10,8 +10,8 @@ from itertools import chain
 
 import torch
 
+from contract.sampling import SamplingParams
 from worker.engine.outputs import TokenLogprobs
-from worker.engine.sampling_params import SamplingParams
 
 _MIN_TEMPERATURE = 1e-5  # keeps logits / temperature finite for tiny non-zero temperatures
 _TINY = torch.finfo(torch.float32).tiny

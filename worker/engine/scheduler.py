@@ -13,8 +13,8 @@ import bisect
 import logging
 from dataclasses import dataclass, field
 
+from contract.engine import EngineConfig
 from worker.engine.block_manager import BlockManager
-from worker.engine.config import EngineConfig
 from worker.engine.sequence import Sequence, SequenceStatus
 
 logger = logging.getLogger("pagedq.engine")

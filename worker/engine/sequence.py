@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from contract.sampling import SamplingParams
 from worker.engine.detokenizer import IncrementalDetokenizer
 from worker.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput, TokenLogprobs
-from worker.engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:  # beam_search.py runs on sequences, so it imports this module
     from worker.engine.beam_search import BeamSearch
