@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 
 .PHONY: setup run test lint bench
-setup: $(VENV)/.installed
+setup: $(VENV)/.installed /usr/bin/chromium
 
 # torch is pinned first: 2.13.0 is the CPU build on these machines; any CUDA build works on a GPU box.
 # The first install takes a few minutes and about 2.4 GB; pip shows what it fetches as it goes.
@@ -16,6 +16,14 @@ $(VENV)/.installed: pyproject.toml
 	@echo "== installing pagedq and its dependencies"
 	$(PY) -m pip install --progress-bar on -e '.[dev]'
 	touch $@
+
+# The console's browser tests drive Debian's Chromium through Playwright (no browser download). Without
+# it they skip on a laptop and fail under CI=true.
+SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
+/usr/bin/chromium:
+	@echo "== installing Debian's chromium (the console's browser tests)"
+	$(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -q chromium \
+		|| echo "!! chromium not installed: tests/test_console.py will skip (and fail under CI=true)"
 
 # `make run PORT=8001 HOST=0.0.0.0`: where the API listens (the clients read the same PAGEDQ_PORT/HOST).
 run: setup

@@ -5,33 +5,48 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 from fastapi import Depends, FastAPI
+from fastapi.staticfiles import StaticFiles
 from starlette.concurrency import run_in_threadpool
 
+from api.auth import current_caller
 from api.batch_check import BatchChecker
 from api.body_limit import BodyLimit
 from api.bulk_publisher import BulkPublisher
-from api.deps import Service, storable_url
+from api.deps import Service, same_origin, storable_url
 from api.errors import install_error_handlers
+from api.limits import KeyLimiter
 from api.live import LiveStreams
 from api.metrics import Metrics
 from api.prompts import PromptEncoder
-from api.routes import batches, files, generate, health, jobs, openai, webhooks
+from api.routes import admin_keys, batches, files, generate, health, jobs, openai, overview, webhooks
 from api.submitter import Submitter
 from api.waiting import JobWaiter
+from core import keys
 from core.db import make_db_engine, make_sessionmaker
+from core.purge import Purger
 from core.queue import make_celery, queue_name
 from core.settings import Settings
-from core.streams import streams_url
+from core.streams import stream_dropper, streams_url
 
 DESCRIPTION = """Job-based LLM inference: submit a job, then read its result when it is done (or hold the
 request with `Prefer: wait=N`).
 
 Errors: a 422 has FastAPI's body, `{"detail": [{"type": ..., "loc": [...], "msg": ...}]}`, one item per
-problem; every other error is `{"detail": "what is wrong"}`."""
+problem; every other error is `{"detail": "what is wrong"}`.
+
+Auth: with auth on (`PAGEDQ_AUTH`), every route but `/healthz` takes `Authorization: Bearer <key>` (401
+without a valid key, 403 for a revoked or expired one, or a user key on an admin route); a user key sees
+only what it created (another key's id is a 404). `/metrics`, `/readyz` and `/v1/admin/*` are for admin
+keys. Each key's limits answer 429 with `Retry-After`.
+
+The web console is served at `/console`; it reads these same routes."""
+CONSOLE = Path(__file__).parent / "console"  # static files: HTML, CSS, JS and the vendored uPlot
 
 
 def create_app(settings: Settings, model_dir: Path) -> FastAPI:
+    """Raises ``keys.NoAdminKey`` when auth is required and no key exists or can be made."""
     service = build_service(settings, model_dir)
+    keys.bootstrap(service.sessions, settings)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -49,7 +64,8 @@ def create_app(settings: Settings, model_dir: Path) -> FastAPI:
         version="0.1.0",
         description=DESCRIPTION,
         lifespan=lifespan,
-        dependencies=[Depends(storable_url)],
+        # who calls, before what they send
+        dependencies=[Depends(current_caller), Depends(storable_url), Depends(same_origin)],
     )
     app.state.service = service
     app.include_router(jobs.router)
@@ -59,6 +75,9 @@ def create_app(settings: Settings, model_dir: Path) -> FastAPI:
     app.include_router(openai.router)
     app.include_router(generate.router)
     app.include_router(health.router)
+    app.include_router(admin_keys.router)
+    app.include_router(overview.router)
+    app.mount("/console", StaticFiles(directory=CONSOLE, html=True), name="console")
     app.add_middleware(BodyLimit, settings=settings)
     install_error_handlers(app)
     return app
@@ -82,4 +101,6 @@ def build_service(settings: Settings, model_dir: Path) -> Service:
         live=LiveStreams(url) if (url := streams_url(settings)) else None,
         metrics=Metrics(sessions, celery, queue, settings.heartbeat_timeout),
         bulk_publisher=BulkPublisher(celery, queue),
+        limiter=KeyLimiter(streams_url(settings)),
+        purger=Purger(sessions, settings.purge_chunk, stream_dropper(settings)),
     )

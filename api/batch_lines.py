@@ -28,7 +28,6 @@ NO_OP: dict[str, tuple[object, ...]] = {
     "top_logprobs": (None, 0),
     "suffix": (None, ""),
     "logit_bias": (None, {}),
-    "response_format": (None, {"type": "text"}),
     "tools": (None, []),
     "tool_choice": (None, "none"),
     "functions": (None, []),
@@ -169,6 +168,7 @@ def to_spec(
             "missing_required_parameter", f"the body has no {INPUT[endpoint]!r}", f"body.{INPUT[endpoint]}"
         )
     _rename_max_tokens(fields)
+    _structured(fields)
     if isinstance(fields.get("stop"), str):
         fields["stop"] = [fields["stop"]]
     if endpoint == CHAT:
@@ -199,6 +199,49 @@ def _refuse_what_cannot_be_honoured(fields: dict[str, Any], endpoint: str) -> No
     if other in fields:
         message = f"{other!r} belongs to the other endpoint; {endpoint} takes {INPUT[endpoint]!r}"
         raise _error("unknown_parameter", message, f"body.{other}")
+
+
+GUIDED = {
+    "guided_json": "json",
+    "guided_regex": "regex",
+    "guided_choice": "choice",
+    "guided_grammar": "grammar",
+}
+
+
+def _structured(fields: dict[str, Any]) -> None:
+    """OpenAI's ``response_format``, vLLM's ``structured_outputs`` and its older ``guided_*`` fields onto
+    the contract's one ``structured`` field."""
+    given = [key for key in ("response_format", "structured_outputs", *GUIDED) if key in fields]
+    if len(given) > 1:
+        message = f"give one of {', '.join(given)}: each sets the output's structure"
+        raise _error("invalid_value", message, f"body.{given[1]}")
+    if not given:
+        return
+    key = given[0]
+    value = fields.pop(key)
+    if key in GUIDED:
+        fields["structured"] = {GUIDED[key]: value}
+    elif key == "structured_outputs":
+        fields["structured"] = value
+    elif (constraint := _response_format(value)) is not None:
+        fields["structured"] = constraint
+
+
+def _response_format(value: Any) -> dict[str, Any] | None:
+    kind = value.get("type") if isinstance(value, dict) else None
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"json_object": True}
+    if kind == "json_schema":
+        spec = value.get("json_schema")
+        if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
+            message = "response_format.json_schema must be an object with a 'schema' object"
+            raise _error("invalid_value", message, "body.response_format.json_schema.schema")
+        return {"json": spec["schema"]}
+    message = f"response_format.type must be 'text', 'json_object' or 'json_schema', got {kind!r}"
+    raise _error("invalid_value", message, "body.response_format.type")
 
 
 def _rename_max_tokens(fields: dict[str, Any]) -> None:

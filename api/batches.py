@@ -16,15 +16,19 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
+from api.auth import Caller
 from api.batch_check import BadLines, CheckedLine
 from api.batch_lines import LineError
 from api.bulk_insert import insert_jobs
 from api.deps import Service
+from api.files import find as find_file
 from api.jobs import check_webhook_url
+from api.limits import check_active, check_sizes
 from api.openai_schemas import BatchIn, BatchOut
 from api.problems import Conflict, Invalid, NotFound, Unavailable
 from core.batches import cancel_unfinished, tally
 from core.models import FRESH_RESULTS, Batch, File, new_batch_id, utcnow
+from core.retention import batch_live, deadline, file_due
 from core.states import BATCH_TERMINAL, BatchStatus, JobStatus
 from core.webhooks import publish_deliveries, record_event
 
@@ -33,15 +37,19 @@ MAX_LISTED_ERRORS = 1000
 FRESH = {"attempt": 0, "cancel_requested": False} | FRESH_RESULTS  # a COPY sets every NOT NULL column
 
 
-def create(service: Service, request: BatchIn) -> BatchOut:
+def create(service: Service, caller: Caller, request: BatchIn) -> BatchOut:
+    """The caller's key owns the batch, its jobs and its files; a batch that would take the key past its
+    max_active_jobs is refused whole (429), and one submission counts against its requests_per_second."""
     started = time.monotonic()
-    content = _input_file(service, request.input_file_id)
+    service.limiter.request(caller)
+    content = _input_file(service, caller, request.input_file_id)
     if request.webhook_url is not None:
         check_webhook_url(service, str(request.webhook_url))
     batch = _new_batch(service, request)
+    batch.key_id = caller.key_id
     lines = service.batch_checker.check(content, request.endpoint, service.settings.served_model_name)
     try:
-        _start(service, batch, lines)
+        _start(service, caller, batch, lines)
     except BadLines as bad:
         _fail(service, batch, bad.errors)
     except BrokenProcessPool:
@@ -56,14 +64,12 @@ def create(service: Service, request: BatchIn) -> BatchOut:
             "seconds": round(time.monotonic() - started, 3),
         },
     )
-    return get(service, batch.id)
+    return get(service, caller, batch.id)
 
 
-def _input_file(service: Service, file_id: str) -> bytes:
+def _input_file(service: Service, caller: Caller, file_id: str) -> bytes:
     with service.sessions() as session:
-        row = session.execute(select(File.purpose, File.content).where(File.id == file_id)).one_or_none()
-    if row is None:
-        raise NotFound("file", file_id)
+        row = find_file(session, caller, file_id, with_content=True)
     if row.purpose != "batch":
         message = (
             f"file {file_id!r} has purpose {row.purpose!r}; a batch reads a file uploaded with purpose=batch"
@@ -81,11 +87,12 @@ def _new_batch(service: Service, request: BatchIn) -> Batch:
         input_file_id=request.input_file_id,
         completion_window=request.completion_window,
         meta=request.metadata,
-        priority=request.priority,
+        priority=service.settings.batch_priority if request.priority is None else request.priority,
         webhook_url=str(request.webhook_url) if request.webhook_url else None,
         webhook_events=request.webhook_events,
         created_at=now,
         expires_at=now + request.window,
+        output_expires_after=request.output_expires_after.seconds if request.output_expires_after else None,
     )
 
 
@@ -96,6 +103,7 @@ def _fail(service: Service, batch: Batch, errors: list[LineError]) -> None:
         listed.append(LineError(None, "too_many_errors", more).as_json())
     batch.status, batch.failed_at, batch.errors = BatchStatus.FAILED, batch.created_at, listed
     batch.in_progress_at, batch.total = None, 0
+    batch.retained_until = deadline(batch.created_at, service.settings, batch.output_expires_after)
     with service.sessions.begin() as session:
         session.add(batch)
         session.flush()
@@ -103,7 +111,7 @@ def _fail(service: Service, batch: Batch, errors: list[LineError]) -> None:
     publish_deliveries(service.celery, deliveries)
 
 
-def _start(service: Service, batch: Batch, lines: Iterable[CheckedLine]) -> None:
+def _start(service: Service, caller: Caller, batch: Batch, lines: Iterable[CheckedLine]) -> None:
     """The batch and a job per line, committed once the last line is checked (``BadLines`` rolls all
     back). Job ids count up in input order (time, a random part, then the line's number), so ordering a
     batch's jobs by id gives its lines in order."""
@@ -113,8 +121,9 @@ def _start(service: Service, batch: Batch, lines: Iterable[CheckedLine]) -> None
     with service.sessions.begin() as session:
         session.add(batch)
         session.flush()
-        insert_jobs(session, _shared_by_jobs(batch), _job_rows(prefix, lines, ids))
+        insert_jobs(session, _shared_by_jobs(batch), _job_rows(prefix, caller, lines, ids))
         batch.total = len(ids)
+        check_active(session, caller, batch.total, inserted=True)  # refused: all of it rolls back
     service.bulk_publisher.publish(ids, batch.priority)
 
 
@@ -124,15 +133,23 @@ def _shared_by_jobs(batch: Batch) -> dict[str, Any]:
         "model": batch.model,
         "priority": batch.priority,
         "batch_id": batch.id,
+        "key_id": batch.key_id,
         "endpoint": batch.endpoint,
         "queued_at": batch.created_at,
         "published_at": batch.created_at,
     } | FRESH
 
 
-def _job_rows(prefix: str, lines: Iterable[CheckedLine], ids: list[str]) -> Iterator[dict[str, Any]]:
-    """One job per line, made as the insert takes them; their ids are appended to ``ids``."""
+def _job_rows(
+    prefix: str, caller: Caller, lines: Iterable[CheckedLine], ids: list[str]
+) -> Iterator[dict[str, Any]]:
+    """One job per line, made as the insert takes them; their ids are appended to ``ids``. A line over
+    the key's size limits refuses the batch (422; the transaction rolls back)."""
     for line in lines:
+        if caller.limits is not None:
+            params, tokens = line.params, len(line.prompt_token_ids)
+            n = max(params.get("n", 1), params.get("best_of") or 0)
+            check_sizes(caller.limits, tokens, params["max_tokens"], n, ("body", f"line {line.number}"))
         ids.append(job_id := f"{prefix}{line.number:012x}")
         yield {
             "id": job_id,
@@ -146,17 +163,25 @@ def _job_rows(prefix: str, lines: Iterable[CheckedLine], ids: list[str]) -> Iter
         }
 
 
-def get(service: Service, batch_id: str) -> BatchOut:
+def find(session: Session, caller: Caller, batch_id: str) -> Batch:
+    """The one lookup of a batch by id, for every route: a batch that has expired, or that another key
+    created, is as missing as one that never was."""
+    live = select(Batch).where(Batch.id == batch_id, batch_live(utcnow()), caller.owns(Batch.key_id))
+    if (batch := session.scalar(live)) is None:
+        raise NotFound("batch", batch_id)
+    return batch
+
+
+def get(service: Service, caller: Caller, batch_id: str) -> BatchOut:
     with service.sessions() as session:
-        batch = session.get(Batch, batch_id)
-        if batch is None:
-            raise NotFound("batch", batch_id)
+        batch = find(session, caller, batch_id)
         return BatchOut.of(batch, tally(session, [batch_id])[batch_id])
 
 
-def page(service: Service, limit: int, after: str | None) -> tuple[list[BatchOut], bool]:
+def page(service: Service, caller: Caller, limit: int, after: str | None) -> tuple[list[BatchOut], bool]:
     """Up to ``limit`` batches older than the cursor ``after``, newest first, and whether more follow."""
-    query = select(Batch).order_by(Batch.id.desc()).limit(limit + 1)
+    visible = (batch_live(utcnow()), caller.owns(Batch.key_id))
+    query = select(Batch).where(*visible).order_by(Batch.id.desc()).limit(limit + 1)
     if after is not None:
         query = query.where(Batch.id < after)  # ids are time-ordered
     with service.sessions() as session:
@@ -165,16 +190,40 @@ def page(service: Service, limit: int, after: str | None) -> tuple[list[BatchOut
         return [BatchOut.of(batch, tallies[batch.id]) for batch in found[:limit]], len(found) > limit
 
 
-def cancel(service: Service, batch_id: str) -> BatchOut:
+def cancel(service: Service, caller: Caller, batch_id: str) -> BatchOut:
     """An in-progress batch turns ``cancelling``: its queued jobs are cancelled at once, its running ones
     asked to stop; a worker finalizes it as ``cancelled`` when all have ended, keeping finished results."""
     with service.sessions.begin() as session:
+        find(session, caller, batch_id)
         if cancelling := _start_cancelling(session, batch_id):
             cancel_unfinished(session, [batch_id])
-    batch = get(service, batch_id)
+    batch = get(service, caller, batch_id)
     if not cancelling and batch.status in (*BATCH_TERMINAL, BatchStatus.FINALIZING):
         raise Conflict(f"batch {batch_id} is already {batch.status}; there is nothing to cancel")
     return batch
+
+
+def delete(service: Service, caller: Caller, batch_id: str) -> None:
+    """Deletes an ended batch with its jobs, webhook deliveries, output and error files, and its input
+    file unless another batch reads it. Missing at once; deleted in small transactions, which the
+    worker's purge finishes if this is interrupted. A batch still running is refused: cancel it first."""
+    now = utcnow()
+    with service.sessions.begin() as session:
+        batch = find(session, caller, batch_id)
+        if batch.status not in BATCH_TERMINAL:
+            message = (
+                f"batch {batch_id} is {batch.status}; cancel it first (POST /v1/batches/{batch_id}/cancel)"
+            )
+            raise Conflict(message)
+        batch.retained_until = now
+        input_file = batch.input_file_id
+        shared = select(Batch.id).where(Batch.input_file_id == input_file, Batch.id != batch_id).exists()
+        session.execute(
+            update(File).where(File.id == input_file, ~shared).values(expires_at=now),
+            execution_options={"synchronize_session": False},
+        )
+    service.purger.batch(batch_id)
+    service.purger.files(select(File.id).where(File.id == input_file, file_due(now)))
 
 
 def _start_cancelling(session: Session, batch_id: str) -> bool:

@@ -2,6 +2,7 @@
 
 from dataclasses import dataclass
 from typing import Annotated
+from urllib.parse import urlsplit
 
 from celery import Celery
 from fastapi import Depends, Request
@@ -10,12 +11,14 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from api.batch_check import BatchChecker
 from api.bulk_publisher import BulkPublisher
+from api.limits import KeyLimiter
 from api.live import LiveStreams
 from api.metrics import Metrics
-from api.problems import Invalid
+from api.problems import Forbidden, Invalid
 from api.prompts import PromptEncoder
 from api.submitter import Submitter
 from api.waiting import JobWaiter
+from core.purge import Purger
 from core.queue import queue_name
 from core.settings import Settings
 from core.spec import storable
@@ -34,6 +37,8 @@ class Service:
     live: LiveStreams | None  # live token streams in Redis; None in the embedded mode
     metrics: Metrics
     bulk_publisher: BulkPublisher  # a batch's jobs, published after its response
+    limiter: KeyLimiter  # each key's request and token rates
+    purger: Purger  # deletes what DELETE routes ask for, as retention does
 
     @property
     def queue(self) -> str:
@@ -57,3 +62,24 @@ async def storable_url(request: Request) -> None:
                 storable(text)
             except ValueError as error:
                 raise Invalid((where, name), f"{where} parameter {name!r}: {error}", "invalid_text") from None
+
+
+SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
+
+
+async def same_origin(request: Request) -> None:
+    """A browser's state-changing request must come from the API's own pages (the console), so a page
+    elsewhere cannot make a visitor's browser cancel their jobs, even where the API asks for no key.
+    Browsers say where a request comes from: ``Sec-Fetch-Site`` (which a proxy that rewrites ``Host``
+    leaves right), else ``Origin``; other clients send neither."""
+    if request.method in SAFE_METHODS:
+        return
+    site = request.headers.get("sec-fetch-site")
+    origin = request.headers.get("origin")
+    if site is not None:
+        refused = site in ("cross-site", "same-site")
+    else:
+        refused = origin is not None and urlsplit(origin).netloc != request.headers.get("host")
+    if refused:
+        where = origin or site
+        raise Forbidden(f"{request.method} {request.url.path} from another site ({where}) is refused")

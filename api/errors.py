@@ -1,7 +1,8 @@
 """The error bodies: 422 is ``{"detail": [{"type", "loc", "msg"}]}``, every other error ``{"detail": str}``.
 
-On OpenAI's routes (``/v1/files``, ``/v1/batches``) the body also carries OpenAI's ``{"error": {"message",
-"type", "param", "code"}}``, which the ``openai`` SDK puts in its exceptions' messages.
+On OpenAI's routes (files, batches, completions, models) the body also carries OpenAI's
+``{"error": {"message", "type", "param", "code"}}``, which the ``openai`` SDK puts in its exceptions'
+messages.
 Messages say what is wrong in the client's terms; stack traces stay in the log.
 """
 
@@ -15,15 +16,26 @@ from fastapi.responses import JSONResponse, Response
 from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from api.problems import Conflict, Invalid, NotFound, Problem, Unavailable
+from api.problems import (
+    Conflict,
+    Forbidden,
+    Invalid,
+    NotFound,
+    Problem,
+    TooMany,
+    Unauthenticated,
+    Unavailable,
+)
 from core.spec import escaped
 
 logger = logging.getLogger(__name__)
-OPENAI_ROUTES = ("/v1/files", "/v1/batches")
+OPENAI_ROUTES = ("/v1/files", "/v1/batches", "/v1/chat/completions", "/v1/completions", "/v1/models")
 RETRY_LATER = {"Retry-After": "5"}  # on every 503: seconds a client should wait before it retries
 
 
-STATUS = {NotFound: 404, Conflict: 409, Unavailable: 503}  # Invalid: 422, as the request validator's
+STATUS = {NotFound: 404, Conflict: 409, Unavailable: 503, Unauthenticated: 401, Forbidden: 403, TooMany: 429}
+# Invalid: 422, as the request validator's
+OPENAI_CODES = {401: "invalid_api_key", 403: "forbidden", 429: "rate_limit_exceeded"}
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -48,6 +60,10 @@ async def _unprocessable(request: Request, error: Exception) -> JSONResponse:
 async def _problem(request: Request, error: Exception) -> Response:
     status = next(code for kind, code in STATUS.items() if isinstance(error, kind))
     headers = RETRY_LATER if status == 503 else None
+    if isinstance(error, Unauthenticated):
+        headers = {"WWW-Authenticate": "Bearer"}
+    elif isinstance(error, TooMany):
+        headers = error.headers
     return await _http_error(request, HTTPException(status, str(error), headers=headers))
 
 
@@ -55,7 +71,8 @@ async def _http_error(request: Request, error: Exception) -> Response:
     assert isinstance(error, StarletteHTTPException)
     if not request.url.path.startswith(OPENAI_ROUTES):
         return await http_exception_handler(request, error)
-    body = {"detail": error.detail, "error": _openai_error(str(error.detail), None, None)}
+    code = OPENAI_CODES.get(error.status_code)
+    body = {"detail": error.detail, "error": _openai_error(str(error.detail), None, code)}
     return JSONResponse(body, status_code=error.status_code, headers=error.headers)
 
 

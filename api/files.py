@@ -3,9 +3,11 @@
 from sqlalchemy import or_, select
 from sqlalchemy.orm import Session, defer
 
+from api.auth import Caller
 from api.deps import Service
 from api.problems import Conflict, Invalid, NotFound
 from core.models import Batch, File, utcnow
+from core.retention import deadline, file_live
 from core.spec import storable
 
 PURPOSES = ("batch",)  # what may be uploaded; batches write ``batch_output`` files themselves
@@ -24,35 +26,49 @@ def checked_name(filename: str) -> str:
     return filename
 
 
-def store(service: Service, filename: str, purpose: str, content: bytes) -> File:
-    file = File(purpose=purpose, filename=filename, bytes=len(content), content=content, created_at=utcnow())
+def store(
+    service: Service, caller: Caller, filename: str, purpose: str, content: bytes, expires_after: int | None
+) -> File:
+    """``expires_after``: seconds the file is kept (None: ``PAGEDQ_RETENTION_DAYS``)."""
+    now = utcnow()
+    file = File(
+        key_id=caller.key_id,
+        purpose=purpose,
+        filename=filename,
+        bytes=len(content),
+        content=content,
+        created_at=now,
+        expires_at=deadline(now, service.settings, expires_after),
+    )
     with service.sessions.begin() as session:
         session.add(file)
     return file
 
 
-def get(service: Service, file_id: str) -> File:
-    """The file's description, without loading its content."""
-    with service.sessions() as session:
-        file = session.get(File, file_id, options=[defer(File.content)])
+def find(session: Session, caller: Caller, file_id: str, *, with_content: bool = False) -> File:
+    """The one lookup of a file by id, for every route: a file that has expired, or that another key
+    uploaded, is as missing as one that never was."""
+    query = select(File).where(File.id == file_id, file_live(utcnow()), caller.owns(File.key_id))
+    file = session.scalar(query if with_content else query.options(defer(File.content)))
     if file is None:
         raise NotFound("file", file_id)
     return file
 
 
-def content(service: Service, file_id: str) -> bytes:
+def get(service: Service, caller: Caller, file_id: str) -> File:
+    """The file's description, without loading its content."""
     with service.sessions() as session:
-        data = session.scalar(select(File.content).where(File.id == file_id))
-    if data is None:
-        raise NotFound("file", file_id)
-    return data
+        return find(session, caller, file_id)
 
 
-def delete(service: Service, file_id: str) -> None:
+def content(service: Service, caller: Caller, file_id: str) -> bytes:
+    with service.sessions() as session:
+        return find(session, caller, file_id, with_content=True).content
+
+
+def delete(service: Service, caller: Caller, file_id: str) -> None:
     with service.sessions.begin() as session:
-        file = session.get(File, file_id, options=[defer(File.content)])
-        if file is None:
-            raise NotFound("file", file_id)
+        file = find(session, caller, file_id)
         if user := _batch_using(session, file_id):
             raise Conflict(f"file {file_id!r} belongs to batch {user!r}; it cannot be deleted")
         session.delete(file)

@@ -5,15 +5,18 @@ import json
 import logging
 from urllib.parse import urlsplit
 
-from sqlalchemy import select, update
+from sqlalchemy import or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
+from api.auth import Caller
 from api.deps import Service
+from api.limits import check_active, check_sizes
 from api.problems import Conflict, Invalid, NotFound
 from api.prompts import ContextExceeded, PromptError
-from core.models import Job, utcnow
+from core.models import ApiKey, Job, utcnow
+from core.retention import deadline, job_live
 from core.spec import JobSpec
 from core.states import TERMINAL, JobStatus
 from core.webhooks import WebhookRefused, checked_address, publish_deliveries, record_event
@@ -22,14 +25,17 @@ logger = logging.getLogger(__name__)
 
 
 async def submit(
-    service: Service, spec: JobSpec, idempotency_key: str | None, fills_context: bool = False
+    service: Service, caller: Caller, spec: JobSpec, idempotency_key: str | None, fills_context: bool = False
 ) -> tuple[Job, bool]:
     """The job for ``spec``, and whether it is new (False: an earlier request with the same key made it).
     ``fills_context``: max_tokens is what the context leaves after the prompt (OpenAI's default).
+    The caller's key owns it, and its limits apply (``api/limits.py``): a refusal enqueues nothing.
 
     The row is committed before its id is published, so a worker never receives an id it cannot load.
     """
     _check_model(service, spec)
+    if caller.limits is not None:  # off the event loop: a Redis round trip
+        await run_in_threadpool(service.limiter.request, caller)
     try:
         token_ids = await service.prompts.run(service.prompts.encode, spec)
     except PromptError as error:
@@ -38,12 +44,23 @@ async def submit(
     if fills_context:
         spec.max_tokens = service.prompts.context_length - len(token_ids)
     job = _new_job(service, spec, token_ids, idempotency_key)
+    job.key_id = caller.key_id
+    if caller.limits is not None:
+        check_sizes(caller.limits, len(token_ids), spec.max_tokens, max(spec.n, spec.best_of or 0), ("body",))
+        await run_in_threadpool(_admit, service, caller, len(token_ids) + spec.max_tokens)
     if job.webhook_url is not None:
         await run_in_threadpool(check_webhook_url, service, job.webhook_url)  # it may resolve a host name
     if idempotency_key is None:
         await service.submitter.submit(job)
         return job, True
     return await run_in_threadpool(_submit_once, service, job, idempotency_key)
+
+
+def _admit(service: Service, caller: Caller, tokens: int) -> None:
+    """Room for one more active job of the caller's key, then its tokens charged (429 if not)."""
+    with service.sessions() as session:
+        check_active(session, caller, 1)
+    service.limiter.tokens(caller, tokens)
 
 
 def _submit_once(service: Service, job: Job, idempotency_key: str) -> tuple[Job, bool]:
@@ -53,7 +70,7 @@ def _submit_once(service: Service, job: Job, idempotency_key: str) -> tuple[Job,
             session.commit()
         except IntegrityError:
             session.rollback()
-            return _earlier(session, idempotency_key, job.request_hash), False
+            return _earlier(session, idempotency_key, job), False
     service.submitter.publish([job])
     return job, True
 
@@ -83,6 +100,7 @@ def _new_job(service: Service, spec: JobSpec, token_ids: list[int], idempotency_
         request_hash=request_hash(spec) if idempotency_key else None,
         queued_at=now,
         published_at=now,
+        expires_at=deadline(now, service.settings),
     )
 
 
@@ -106,11 +124,14 @@ def request_hash(spec: JobSpec) -> str:
     return hashlib.sha256(body.encode()).hexdigest()
 
 
-def _earlier(session: Session, key: str, request_hash: str | None) -> Job:
+def _earlier(session: Session, key: str, new: Job) -> Job:
     job = session.scalar(select(Job).where(Job.idempotency_key == key))
     if job is None:
         raise RuntimeError(f"insert failed on a unique constraint, but no job has Idempotency-Key {key!r}")
-    if job.request_hash != request_hash:
+    if job.key_id != new.key_id:  # another key's job: say nothing of it
+        message = f"Idempotency-Key {key!r} is taken; choose another"
+        raise Invalid(("header", "Idempotency-Key"), message, "idempotency_key_reused")
+    if job.request_hash != new.request_hash:
         raise Invalid(
             ("header", "Idempotency-Key"),
             f"Idempotency-Key {key!r} was already used for job {job.id} with a different request body",
@@ -119,27 +140,43 @@ def _earlier(session: Session, key: str, request_hash: str | None) -> Job:
     return job
 
 
-def get(service: Service, job_id: str) -> Job:
+def find(session: Session, caller: Caller, job_id: str) -> Job:
+    """The one lookup of a job by id, for every route: a job that has expired, or that another key
+    created, is as missing as one that never was."""
+    live = select(Job).where(Job.id == job_id, job_live(utcnow()), caller.owns(Job.key_id))
+    if (job := session.scalar(live)) is None:
+        raise NotFound("job", job_id)
+    return job
+
+
+def get(service: Service, caller: Caller, job_id: str) -> Job:
     with service.sessions() as session:
-        if job := session.get(Job, job_id):
-            return job
-    raise NotFound("job", job_id)
+        return find(session, caller, job_id)
 
 
 def page(
     service: Service,
+    caller: Caller,
     limit: int,
     after: str | None,
     statuses: list[JobStatus],
     metadata: dict[str, str],
     batch_id: str | None = None,
+    key: str | None = None,
 ) -> tuple[list[Job], bool]:
-    """Up to ``limit`` jobs older than the cursor ``after``, newest first, and whether more follow."""
-    query = select(Job).order_by(Job.id.desc()).limit(limit + 1)
+    """Up to ``limit`` jobs older than the cursor ``after``, newest first, and whether more follow.
+
+    ``key`` (a key's name or id) keeps that key's jobs; it narrows what the caller may see and never
+    widens it, so a user key naming another key gets an empty page, as if that key had no jobs."""
+    visible = (job_live(utcnow()), caller.owns(Job.key_id))
+    query = select(Job).where(*visible).order_by(Job.id.desc()).limit(limit + 1)
     if after is not None:
         query = query.where(Job.id < after)  # ids are time-ordered
     if batch_id is not None:
         query = query.where(Job.batch_id == batch_id)
+    if key is not None:
+        named = select(ApiKey.id).where(or_(ApiKey.id == key, ApiKey.name == key))
+        query = query.where(Job.key_id.in_(named))
     if statuses:
         query = query.where(Job.status.in_(statuses))
     for key, value in metadata.items():
@@ -149,9 +186,10 @@ def page(
     return jobs[:limit], len(jobs) > limit
 
 
-def cancel(service: Service, job_id: str) -> tuple[Job, bool]:
+def cancel(service: Service, caller: Caller, job_id: str) -> tuple[Job, bool]:
     """Cancels a queued job at once (True); asks the worker running it to abort (False)."""
     with service.sessions() as session:
+        find(session, caller, job_id)
         for _ in range(3):  # the job may move between the conditional updates (claimed, requeued)
             cancelled = {"status": JobStatus.CANCELLED, "finished_at": utcnow()}
             if _update_if(session, job_id, JobStatus.QUEUED, cancelled):
@@ -168,6 +206,19 @@ def cancel(service: Service, job_id: str) -> tuple[Job, bool]:
             if job.status in TERMINAL:
                 raise Conflict(f"job {job_id} is already {job.status}; there is nothing to cancel")
     raise Conflict(f"job {job_id} kept changing state; retry the cancellation")
+
+
+def delete(service: Service, caller: Caller, job_id: str) -> None:
+    """Deletes an ended job with its token times, webhook deliveries and stream. An unfinished job is
+    refused (cancel it first: its partial output is kept until it is deleted), and so is a line of a
+    batch (delete the batch: its output files list every line)."""
+    with service.sessions() as session:
+        job = find(session, caller, job_id)
+    if job.batch_id is not None:
+        raise Conflict(f"job {job_id} is a line of batch {job.batch_id}; delete the batch instead")
+    if job.status not in TERMINAL:
+        raise Conflict(f"job {job_id} is {job.status}; cancel it first (POST /v1/jobs/{job_id}/cancel)")
+    service.purger.jobs(select(Job.id).where(Job.id == job_id, Job.status.in_(TERMINAL)))
 
 
 def _update_if(session: Session, job_id: str, status: JobStatus, values: dict[str, object]) -> bool:

@@ -20,7 +20,7 @@ from celery import Celery
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
-from sqlalchemy import func, select
+from sqlalchemy import ColumnElement, func, select
 from sqlalchemy.orm import Session, load_only, sessionmaker
 
 from core.models import Job, Worker, utcnow
@@ -113,6 +113,17 @@ def _histogram(name: str, what: str, buckets: tuple[float, ...], registry: Colle
     return Histogram(f"pagedq_{name}_seconds", f"{what}, seconds", buckets=buckets, registry=registry)
 
 
+def job_counts(session: Session, *where: ColumnElement[bool]) -> dict[JobStatus, int]:
+    """Jobs (those ``where`` selects) by status, every status present (0 when none)."""
+    counts = dict.fromkeys(JobStatus, 0)
+    counts.update(session.execute(select(Job.status, func.count()).where(*where).group_by(Job.status)).all())
+    return counts
+
+
+def live_workers(session: Session, heartbeat_timeout: float) -> list[Worker]:
+    return list(session.scalars(select(Worker).where(Worker.alive(heartbeat_timeout)).order_by(Worker.id)))
+
+
 class LiveCollector(Collector):
     """Gauges read from the database and the broker at every scrape."""
 
@@ -131,15 +142,13 @@ class LiveCollector(Collector):
         yield from self._queue_depth()
 
     def _jobs(self, session: Session) -> Metric:
-        counts = dict.fromkeys(JobStatus, 0)
-        counts.update(session.execute(select(Job.status, func.count()).group_by(Job.status)).all())
         family = GaugeMetricFamily("pagedq_jobs", "Jobs by status", labels=["status"])
-        for status, count in counts.items():
+        for status, count in job_counts(session).items():
             family.add_metric([str(status)], count)
         return family
 
     def _engines(self, session: Session) -> Iterator[Metric]:
-        workers = list(session.scalars(select(Worker).where(Worker.alive(self._heartbeat_timeout))))
+        workers = live_workers(session, self._heartbeat_timeout)
         yield GaugeMetricFamily("pagedq_workers", "Workers with a recent heartbeat", value=len(workers))
         for key, (name, description) in ENGINE_GAUGES.items():
             family = GaugeMetricFamily(name, description, labels=["worker", "model"])

@@ -16,6 +16,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse
 
 from api import jobs
+from api.auth import OPEN, Caller
 from api.batch_lines import CHAT, LineError, to_spec
 from api.deps import Service
 from api.problems import Invalid
@@ -94,9 +95,9 @@ def _int(value: Any, param: str) -> int:
     return value
 
 
-async def submit(service: Service, spec: JobSpec, fills_context: bool = False) -> Job:
+async def submit(service: Service, caller: Caller, spec: JobSpec, fills_context: bool = False) -> Job:
     try:
-        job, _ = await jobs.submit(service, spec, None, fills_context)
+        job, _ = await jobs.submit(service, caller, spec, None, fills_context)
     except Invalid as error:
         problem = error.errors()[0]
         param = ".".join(str(part) for part in problem["loc"][1:]) or None
@@ -111,14 +112,14 @@ async def finished(service: Service, job: Job, request: Request) -> Job | None:
         if await request.is_disconnected():
             await run_in_threadpool(abandon, service, job.id)
             return None
-    return await run_in_threadpool(jobs.get, service, job.id)
+    return await run_in_threadpool(jobs.get, service, OPEN, job.id)  # the caller's own job
 
 
 def abandon(service: Service, job_id: str) -> None:
     if service.settings.keep_jobs_of_disconnected_clients:
         return
-    if jobs.get(service, job_id).status not in TERMINAL:
-        jobs.cancel(service, job_id)
+    if jobs.get(service, OPEN, job_id).status not in TERMINAL:  # the caller's own job
+        jobs.cancel(service, OPEN, job_id)
 
 
 def response_body(job: Job, endpoint: str) -> dict[str, Any]:

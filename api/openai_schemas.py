@@ -6,13 +6,14 @@ Times are Unix seconds. pagedq's extensions: a batch's ``priority``, ``webhook_u
 
 import re
 from datetime import datetime, timedelta
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, HttpUrl, field_validator
 
 from api.batch_lines import Endpoint
 from core.batches import Tally
 from core.models import Batch, File
+from core.retention import MAX_SECONDS, MIN_SECONDS
 from core.spec import Metadata, Text
 from core.webhooks import BatchEvent
 
@@ -23,6 +24,15 @@ def unix(moment: datetime | None) -> int | None:
     return int(moment.timestamp()) if moment is not None else None
 
 
+class ExpiresAfter(BaseModel):
+    """OpenAI's ``expires_after`` (a file) and ``output_expires_after`` (a batch's output files)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    anchor: Literal["created_at"] = "created_at"
+    seconds: int = Field(ge=MIN_SECONDS, le=MAX_SECONDS, description="1 hour to 30 days")
+
+
 class FileOut(BaseModel):
     id: str
     object: Literal["file"] = "file"
@@ -31,7 +41,7 @@ class FileOut(BaseModel):
     filename: str
     purpose: str = Field(description="batch (uploaded), batch_output (a batch's output or error file)")
     status: Literal["processed"] = "processed"
-    expires_at: int | None = Field(None, description="always null: files stay until deleted")
+    expires_at: int | None = Field(None, description="when it is deleted; null: kept until deleted")
     status_details: str | None = None
 
     @classmethod
@@ -42,12 +52,19 @@ class FileOut(BaseModel):
             created_at=int(file.created_at.timestamp()),
             filename=file.filename,
             purpose=file.purpose,
+            expires_at=unix(file.expires_at),
         )
 
 
 class FileDeleted(BaseModel):
     id: str
     object: Literal["file"] = "file"
+    deleted: bool
+
+
+class BatchDeleted(BaseModel):
+    id: str
+    object: Literal["batch"] = "batch"
     deleted: bool
 
 
@@ -63,10 +80,18 @@ class BatchIn(BaseModel):
         "requests are cancelled and the batch ends `expired`"
     )
     metadata: Metadata | None = Field(None, max_length=16)
-    output_expires_after: dict[str, Any] | None = Field(
-        None, description="accepted; files stay until deleted"
+    output_expires_after: ExpiresAfter | None = Field(
+        None,
+        description="how long the batch, its jobs and its output and error files are kept once the output "
+        "is written; default: PAGEDQ_RETENTION_DAYS",
     )
-    priority: int = Field(0, ge=-100, le=100, description="pagedq: every job's priority (lower runs first)")
+    priority: int | None = Field(
+        None,
+        ge=-100,
+        le=100,
+        description="pagedq: every job's priority (lower runs first); default: "
+        "PAGEDQ_BATCH_PRIORITY, after online requests",
+    )
     webhook_url: HttpUrl | None = Field(
         None, description="pagedq: receives this batch's end (Standard Webhooks)"
     )

@@ -34,3 +34,20 @@ class Invalid(Problem):
 
     def errors(self) -> list[dict[str, object]]:
         return [{"type": self.kind, "loc": self.loc, "msg": str(self)}]
+
+
+class Unauthenticated(Problem):
+    """No key, or one that is not a key of this service (401, with ``WWW-Authenticate: Bearer``)."""
+
+
+class Forbidden(Problem):
+    """The caller may not do this (403): a revoked or expired key, a user key on an operator's route, or a
+    state change sent from another site."""
+
+
+class TooMany(Problem):
+    """A key's limit is reached (429); ``headers`` say when to retry (``Retry-After``, ``x-ratelimit-*``)."""
+
+    def __init__(self, message: str, headers: dict[str, str]) -> None:
+        super().__init__(message)
+        self.headers = headers

@@ -17,6 +17,7 @@ from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
 from api import jobs
+from api.auth import OPEN  # a stream's job was found for its caller when the stream began
 from api.deps import Service
 from api.live import LiveStreams
 from api.schemas import JobOut
@@ -58,13 +59,13 @@ async def _settled(service: Service, job_id: str, wait: bool) -> Job:
     """The job row; after a run's last token, give the worker a moment to commit the final state."""
     if wait:
         await service.waiter.wait(job_id, timeout=5.0)
-    return await run_in_threadpool(jobs.get, service, job_id)
+    return await run_in_threadpool(jobs.get, service, OPEN, job_id)
 
 
 async def _from_row(service: Service, job_id: str) -> AsyncIterator[ServerSentEvent]:
     sent, attempt = "", None
     while True:
-        job = await run_in_threadpool(jobs.get, service, job_id)
+        job = await run_in_threadpool(jobs.get, service, OPEN, job_id)
         if attempt is not None and job.attempt != attempt:
             yield ServerSentEvent(event="restart", data={"attempt": job.attempt})
             sent = ""

@@ -24,7 +24,9 @@ import resource
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from importlib.metadata import version
@@ -40,6 +42,13 @@ RESULTS_HEADER = (
 MARK = "@@RESULT "
 SEED = 0
 HF_BASELINES = ("hf-sequential", "hf-static-16", "hf-static-64", "hf-continuous")
+# Not run by default: pagedq with the torch reference kernels, transformers in bfloat16, and llama.cpp
+# on the default model's own Q4_1 GGUF (after bench/setup_llama_cpp.sh).
+OTHER_BASELINES = ("pagedq-torch", "hf-static-16-bf16", "hf-static-64-bf16", "llama-server")
+LLAMA_DIR = (
+    REPO / "bench" / ".llama.cpp"
+)  # bench/setup_llama_cpp.sh builds llama-server and fetches the GGUF here
+GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 TARGETS = {"A": 3.0, "B": 1.5, "C": 3.0}
 SHORT_SYSTEM = "Be brief."
 C_SYSTEM = "You are a meticulous analyst who writes careful, faithful summaries. Style guide keywords:"
@@ -187,8 +196,13 @@ class Run:
     notes: dict[str, Any] = field(default_factory=dict)
 
 
-def run_pagedq(path: str, w: Workload, args: argparse.Namespace, prefix_caching: bool) -> Run:
+def run_pagedq(
+    path: str, w: Workload, args: argparse.Namespace, prefix_caching: bool, backend: str | None = None
+) -> Run:
+    from kernels import dispatch
     from worker.engine import LLM, SamplingParams
+
+    os.environ[dispatch.BACKEND_ENV] = backend or args.backend
 
     llm = LLM(
         path,
@@ -204,6 +218,7 @@ def run_pagedq(path: str, w: Workload, args: argparse.Namespace, prefix_caching:
         outs = llm.generate(w.prompts, [greedy(m) for m in w.max_tokens], use_tqdm=False)
     tokens = [o.outputs[0].token_ids for o in outs]
     notes = {
+        "kernels": llm.engine.runner.kernel_backend,
         "preemptions": llm.engine.stats().num_preemptions - before,
         "cached_prompt_tokens": sum(o.num_cached_tokens for o in outs),
     }
@@ -211,11 +226,11 @@ def run_pagedq(path: str, w: Workload, args: argparse.Namespace, prefix_caching:
     return Run(useful, sum(map(len, tokens)), timer.wall, timer.foreign, notes)
 
 
-def load_hf(path: str) -> Any:
+def load_hf(path: str, dtype: str = "float32") -> Any:
     import torch
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).eval()
     model.generation_config.eos_token_id = None  # EOS ignored, like pagedq's ignore_eos
     return model
 
@@ -245,8 +260,8 @@ def hf_generate(model: Any, prompts: list[list[int]], max_new: int) -> list[list
     return new.tolist()
 
 
-def run_hf_static(path: str, w: Workload, batch_size: int) -> Run:
-    model = load_hf(path)
+def run_hf_static(path: str, w: Workload, batch_size: int, dtype: str = "float32") -> Run:
+    model = load_hf(path, dtype)
     hf_generate(model, w.prompts[:2] if batch_size > 1 else w.prompts[:1], 4)  # warm-up
     tokens, generated = [], 0
     with Timer() as timer:
@@ -289,6 +304,60 @@ def run_hf_continuous(path: str, w: Workload, args: argparse.Namespace) -> Run:
     return Run(useful, sum(map(len, tokens)), timer.wall, timer.foreign, notes)
 
 
+def run_llama_server(w: Workload, args: argparse.Namespace) -> Run:
+    """llama.cpp's server with continuous batching over ``--llama-slots`` slots, on the Q4_1 GGUF that the
+    default model is built from (``bench/setup_llama_cpp.sh`` puts both in ``LLAMA_DIR``), a thread per
+    core; every prompt sent at once as token ids,
+    greedy, EOS ignored. Its tokenizer is the GGUF's own (the same vocabulary)."""
+    ctx = args.llama_slots * (max(map(len, w.prompts)) + max(w.max_tokens) + 16)
+    port = 18080 + os.getpid() % 1000
+    cmd = [
+        str(LLAMA_DIR / "build" / "bin" / "llama-server"),
+        "-m",
+        str(LLAMA_DIR / GGUF),
+        "-np",
+        str(args.llama_slots),
+        "-c",
+        str(ctx),
+    ]
+    cmd += ["-t", str(os.cpu_count()), "--port", str(port), "--cont-batching"]
+    server = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_http(url + "/health", timeout=120)
+        complete = lambda p, m: llama_complete(url, p, m)  # noqa: E731
+        complete(w.prompts[0], 4)  # warm-up
+        with Timer() as timer, ThreadPoolExecutor(len(w.prompts)) as pool:
+            tokens = list(pool.map(complete, w.prompts, w.max_tokens))
+    finally:
+        server.terminate()
+        server.wait(30)
+    return Run(tokens, sum(map(len, tokens)), timer.wall, timer.foreign, {"slots": args.llama_slots})
+
+
+def wait_http(url: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+        time.sleep(0.5)
+
+
+def llama_complete(url: str, prompt: list[int], max_tokens: int) -> list[int]:
+    body = {"prompt": prompt, "n_predict": max_tokens, "temperature": 0, "ignore_eos": True}
+    body |= {"cache_prompt": False, "return_tokens": True}
+    request = urllib.request.Request(
+        url + "/completion", json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=3600) as response:
+        return json.load(response)["tokens"]
+
+
 def collect(manager: Any, request_ids: list[str]) -> dict[str, list[int]]:
     """Wait for every request of ``request_ids``; their generated tokens by id."""
     results: dict[str, list[int]] = {}
@@ -310,7 +379,11 @@ def run_system(system: str, path: str, w: Workload, args: argparse.Namespace) ->
         "hf-sequential": lambda: run_hf_static(path, w, 1),
         "hf-static-16": lambda: run_hf_static(path, w, 16),
         "hf-static-64": lambda: run_hf_static(path, w, 64),
+        "hf-static-16-bf16": lambda: run_hf_static(path, w, 16, "bfloat16"),
+        "hf-static-64-bf16": lambda: run_hf_static(path, w, 64, "bfloat16"),
         "hf-continuous": lambda: run_hf_continuous(path, w, args),
+        "pagedq-torch": lambda: run_pagedq(path, w, args, prefix_caching=True, backend="torch"),
+        "llama-server": lambda: run_llama_server(w, args),
     }
     return runners[system]()
 
@@ -376,6 +449,7 @@ def child_flags(args: argparse.Namespace) -> list[str]:
         "--hf-batch-tokens",
         str(args.hf_batch_tokens),
     ]
+    flags += ["--backend", args.backend, "--llama-slots", str(args.llama_slots)]
     if args.num_prompts:
         flags += ["--num-prompts", str(args.num_prompts)]
     if args.kv_cache_gib:
@@ -501,6 +575,13 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--kv-cache-gib", type=float, help="pagedq's KV pool (default: the engine's own)")
     p.add_argument("--hf-batch-tokens", type=int, default=4096, help="hf-continuous's max_batch_tokens")
     p.add_argument(
+        "--backend",
+        default="auto",
+        choices=["auto", "torch", "cpu"],
+        help="pagedq's kernels (pagedq-torch: torch)",
+    )
+    p.add_argument("--llama-slots", type=int, default=16, help="llama-server's parallel slots (-np)")
+    p.add_argument(
         "--wait-quiet", type=float, default=60, help="wait up to S seconds for an idle machine per system"
     )
     p.add_argument("--max-noise", type=float, default=0.25, help="rerun above this many busy foreign cores")
@@ -519,9 +600,10 @@ def main() -> None:
         child_main(args)
         return
     baselines = [] if args.baselines == "none" else [b for b in args.baselines.split(",") if b]
-    unknown = set(baselines) - set(HF_BASELINES)
+    known = HF_BASELINES + OTHER_BASELINES
+    unknown = set(baselines) - set(known)
     if unknown:
-        raise SystemExit(f"unknown baselines {sorted(unknown)}; choose from {', '.join(HF_BASELINES)}")
+        raise SystemExit(f"unknown baselines {sorted(unknown)}; choose from {', '.join(known)}")
     start, sections = time.perf_counter(), {}
     for name in args.workloads.split(","):
         if name not in TARGETS:

@@ -22,11 +22,10 @@ from typing import Any
 import psycopg
 from sqlalchemy import event
 
+from bench.fresh_database import fresh_settings
 from core.db import make_db_engine, make_sessionmaker
 from core.models import Job, utcnow
-from core.settings import Settings
 from core.states import JobStatus
-from migrations import upgrade
 from worker.store import JobStore, Progress
 
 DATABASE = "pagedq_bench_token_times"
@@ -38,13 +37,7 @@ def main() -> None:
     parser.add_argument("--per-flush", type=int, default=16)
     parser.add_argument("--url", default="postgresql://postgres@127.0.0.1:5432")
     args = parser.parse_args()
-    with psycopg.connect(f"{args.url}/postgres", autocommit=True) as admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{DATABASE}" WITH (FORCE)')
-        admin.execute(f'CREATE DATABASE "{DATABASE}"')
-    settings = Settings(
-        database_url=f"{args.url.replace('postgresql://', 'postgresql+psycopg://')}/{DATABASE}"
-    )
-    upgrade(settings)
+    settings = fresh_settings(args.url, DATABASE)
     engine = make_db_engine(settings)
     event.listen(engine, "connect", _without_fsync_wait)
     try:

@@ -27,6 +27,8 @@ class EngineConfig:
     load_format: str = "safetensors"  # safetensors | dummy
     enforce_eager: bool = False  # True: no CUDA graphs for decode steps (CPU always runs eagerly)
     seed: int = 0
+    # A structured-output constraint still compiling after this many seconds fails its request only.
+    grammar_compile_timeout: float = 10.0
 
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.block_size & (self.block_size - 1):

@@ -19,6 +19,9 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin, get_typ
 
 from annotated_types import Ge, Gt, Le, Lt, MaxLen, MinLen
 
+from contract import structured
+from contract.structured import StructuredOutput
+
 
 def param(default: Any, description: str) -> Any:
     """A parameter with its meaning, which the API's schema shows."""
@@ -60,12 +63,23 @@ class SamplingParams:
     best_of: Annotated[int, Ge(2), Le(16)] | None = param(None, "beam width")
     length_penalty: Annotated[float, Ge(-10.0), Le(10.0)] = param(1.0, "beam score = logprob / len**this")
     early_stopping: bool | Literal["never"] = param(False, "beam search: stop at n finished beams")
+    structured: StructuredOutput | None = field(
+        default=None,
+        metadata={
+            "description": "constrain the output: JSON schema, any JSON object, regex, choice or grammar"
+        },
+    )
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         self.stop = list(self.stop)
         self.stop_token_ids = list(self.stop_token_ids)
+        if isinstance(self.structured, dict):  # as stored with a job, or sent by a client
+            try:
+                self.structured = StructuredOutput(**self.structured)
+            except TypeError as error:
+                raise ContractError([Problem("structured", f"structured: {error}")]) from None
         if found := problems(self):
             raise ContractError(found)
         if self.top_k == -1:
@@ -154,6 +168,8 @@ def _rules(p: SamplingParams) -> Iterator[Problem]:
     if p.early_stopping not in (True, False, "never"):
         message = f"early_stopping must be true, false or 'never', got {p.early_stopping!r}"
         yield Problem("early_stopping", message)
+    if p.structured is not None and (wrong := structured.problem(p.structured)):
+        yield Problem("structured", f"structured: {wrong}")
     if not p.use_beam_search:
         if p.best_of is not None:
             yield Problem("best_of", "best_of is the beam width: it needs use_beam_search")

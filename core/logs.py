@@ -3,7 +3,8 @@
 Code logs ids, not prompts, metadata or URLs; what it cannot control (exception messages from the
 database driver, tracebacks, a URL inside an error) passes ``redact`` in the formatter: URLs lose their
 userinfo and query string, PostgreSQL's ``DETAIL``/``CONTEXT`` lines (which quote the failing row) and
-pydantic's echoed ``input_value`` are dropped. SQL parameters never reach a message
+pydantic's echoed ``input_value`` are dropped, and so is anything that looks like an API key (``pq_…``)
+or follows ``Bearer``. SQL parameters never reach a message
 (``hide_parameters`` in ``core/db.py``).
 """
 
@@ -19,12 +20,14 @@ _URL = re.compile(
 )
 _QUOTED_DATA = re.compile(r"(?P<label>(?:DETAIL|CONTEXT):)[^\n]*")
 _PYDANTIC_INPUT = re.compile(r"input_value=.*?, input_type=")
+_KEY = re.compile(r"\bpq_[A-Za-z0-9_-]{8,}|(?<=Bearer )[^\s'\"]+", re.IGNORECASE)
 
 
 def redact(text: str) -> str:
     """``text`` with every URL's userinfo and query string, quoted rows and echoed inputs replaced."""
     text = _URL.sub(_bare_url, text)
     text = _QUOTED_DATA.sub(rf"\g<label> {REDACTED}", text)
+    text = _KEY.sub(REDACTED, text)
     return _PYDANTIC_INPUT.sub(f"input_value={REDACTED}, input_type=", text)
 
 

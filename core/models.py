@@ -66,10 +66,43 @@ class Base(DeclarativeBase):
     pass
 
 
+def new_key_id() -> str:
+    return time_ordered_id("key_")
+
+
+class ApiKey(Base):
+    """An API key: only its sha256 is kept (``core/keys.py`` says why), with its first characters for
+    display; its role, lifetime and per-key limits (NULL: the ``PAGEDQ_KEY_*`` default)."""
+
+    __tablename__ = "api_keys"
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_key_id)
+    name: Mapped[str] = mapped_column(String(200), unique=True)
+    prefix: Mapped[str] = mapped_column(String(16))
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    role: Mapped[str] = mapped_column(String(8), default="user")  # admin | user
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    last_used_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    max_active_jobs: Mapped[int | None]
+    requests_per_second: Mapped[float | None]
+    tokens_per_minute: Mapped[int | None]
+    max_tokens: Mapped[int | None]
+    max_n: Mapped[int | None]
+    max_prompt_tokens: Mapped[int | None]
+
+
+def owner_column(index: bool = True) -> Mapped[str | None]:
+    """The key that created the row (NULL: created with auth off); ``api/auth.py`` scopes reads by it."""
+    return mapped_column(String(36), ForeignKey("api_keys.id"), index=index)
+
+
 class Job(Base):
     __tablename__ = "jobs"
 
     id: Mapped[str] = mapped_column(String(40), primary_key=True, default=new_job_id)
+    key_id: Mapped[str | None] = owner_column(index=False)  # ix_jobs_key_id_status serves it
     status: Mapped[JobStatus] = mapped_column(String(16), default=JobStatus.QUEUED)
     model: Mapped[str] = mapped_column(String(200))
     priority: Mapped[int] = mapped_column(default=0)
@@ -116,12 +149,16 @@ class Job(Base):
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)  # first scheduled by the engine
     first_token_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # Deleted once past this and ended (core/retention.py); None: kept, or a batch's job (kept with it).
+    expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
     __table_args__ = (
         Index("ix_jobs_status_queued_at", "status", "queued_at"),
+        Index("ix_jobs_expires_at", "expires_at"),
         Index("ix_jobs_worker_id", "worker_id"),
         Index("ix_jobs_batch_id_status", "batch_id", "status"),
         Index("ix_jobs_finished_at", "finished_at"),
+        Index("ix_jobs_key_id_status", "key_id", "status"),
     )
 
     @property
@@ -181,11 +218,13 @@ class File(Base):
     __tablename__ = "files"
 
     id: Mapped[str] = mapped_column(String(40), primary_key=True, default=new_file_id)
+    key_id: Mapped[str | None] = owner_column()
     purpose: Mapped[str] = mapped_column(String(32))
     filename: Mapped[str] = mapped_column(String(255))
     bytes: Mapped[int]
     content: Mapped[bytes] = mapped_column(LargeBinary)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime, index=True)  # None: kept
 
 
 class Batch(Base):
@@ -194,6 +233,7 @@ class Batch(Base):
     __tablename__ = "batches"
 
     id: Mapped[str] = mapped_column(String(40), primary_key=True, default=new_batch_id)
+    key_id: Mapped[str | None] = owner_column()
     status: Mapped[str] = mapped_column(String(16))  # OpenAI's: validating … completed, see core.states
     endpoint: Mapped[str] = mapped_column(String(64))
     model: Mapped[str | None] = mapped_column(String(200))
@@ -216,6 +256,10 @@ class Batch(Base):
     expired_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     cancelling_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     cancelled_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # Retention: ``output_expires_after`` seconds (None: PAGEDQ_RETENTION_DAYS), counted from when the
+    # output is written; ``retained_until`` is set when the batch ends (``expires_at`` is its window's end).
+    output_expires_after: Mapped[int | None]
+    retained_until: Mapped[datetime | None] = mapped_column(UTCDateTime, index=True)
 
     __table_args__ = (Index("ix_batches_status", "status"),)
 

@@ -40,6 +40,17 @@ class Settings(BaseSettings):
     max_upload_bytes: int = 200 * 2**20  # the largest file ``POST /v1/files`` takes (OpenAI's limit)
     keep_jobs_of_disconnected_clients: bool = False  # an OpenAI-style request whose client left: keep it
 
+    # API keys (``pagedq keys``) and each key's limits; a key's own value, if set, wins over these.
+    auth: Literal["auto", "required", "off"] = "auto"  # auto: required unless the API listens on loopback
+    admin_key: str = ""  # pq_…: the first admin key, made on a first start with auth required and no key
+    api_key: str = ""  # the key ``pagedq submit`` and ``pagedq jobs`` send
+    key_max_active_jobs: int = 100_000  # queued + running jobs of a key, batch lines counted
+    key_requests_per_second: float = 50.0  # submissions (jobs, completions, /generate, batches) per second
+    key_tokens_per_minute: int = 2_000_000  # prompt tokens + max_tokens of online submissions per minute
+    key_max_tokens: int | None = None  # the largest max_tokens a key may ask for; default: the context's
+    key_max_n: int = 16  # the largest n (or beam width) a key may ask for
+    key_max_prompt_tokens: int | None = None  # the longest prompt a key may send; default: the context's
+
     # The worker's engine: EngineConfig's knobs, with its defaults (contract/engine.py says why).
     device: str = ENGINE.device
     dtype: str = ENGINE.dtype
@@ -51,6 +62,7 @@ class Settings(BaseSettings):
     gpu_memory_utilization: float = ENGINE.gpu_memory_utilization
     kv_cache_bytes: int | None = ENGINE.kv_cache_bytes
     enforce_eager: bool = ENGINE.enforce_eager  # CUDA: no graph capture of decode steps
+    grammar_compile_timeout: float = ENGINE.grammar_compile_timeout  # a constraint compiling longer fails
 
     # Webhooks (Standard Webhooks), sent by ``pagedq webhooks`` from their own queue.
     webhook_url: str = ""  # a global endpoint for every event; jobs and batches may name their own
@@ -76,6 +88,15 @@ class Settings(BaseSettings):
     )
     visibility_timeout: int = 3600  # Redis redelivers an unacknowledged message after this many seconds
 
+    # Retention (core/retention.py): ended jobs, batches and files are deleted this long after creation.
+    retention_days: float = 30.0  # a job or file, or a batch after its output is written; 0: keep forever
+    purge_interval: float = 300.0  # seconds between a worker's purges of what has expired
+    purge_chunk: int = 500  # jobs deleted per transaction (files: a twentieth), so no lock is held long
+    # Fair share (worker/fair.py): a message is a ticket; the claim takes the fairest queued job.
+    fair_share: bool = True  # off: a message claims its own job (broker order)
+    fair_aging_seconds: float = 30.0  # a job gains one priority point on jobs submitted this much later
+    batch_priority: int = 10  # a batch's default priority; single jobs and online requests default to 0
+
     @property
     def resolved_database_url(self) -> str:
         return self.database_url or f"sqlite:///{self.data_dir / 'pagedq.db'}"
@@ -98,6 +119,13 @@ class Settings(BaseSettings):
     def resolved_api_url(self) -> str:
         """Where clients find the API: ``api_url``, else ``listen_url``."""
         return self.api_url or self.listen_url
+
+    @property
+    def auth_required(self) -> bool:
+        """``PAGEDQ_AUTH``, or for ``auto`` whether the API listens beyond loopback."""
+        if self.auth != "auto":
+            return self.auth == "required"
+        return self.host not in ("127.0.0.1", "::1", "localhost") and not self.host.startswith("127.")
 
     @property
     def broker_kind(self) -> Literal["filesystem", "other"]:

@@ -11,10 +11,16 @@ and the API follows the job row's partial output instead.
 """
 
 import json
+import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import redis
+
 from core.settings import Settings
+
+logger = logging.getLogger(__name__)
 
 STREAM_TTL_S = 3600  # a finished job's stream is kept this long for late readers
 
@@ -30,6 +36,22 @@ def channel_key(job_id: str) -> str:
 def streams_url(settings: Settings) -> str | None:
     url = settings.resolved_broker_url
     return url if url.startswith(("redis://", "rediss://")) else None
+
+
+def stream_dropper(settings: Settings) -> Callable[[list[str]], None] | None:
+    """Deletes jobs' streams (retention, ``DELETE``); best effort, as a stream expires within the hour."""
+    url = streams_url(settings)
+    if url is None:
+        return None
+    client = redis.Redis.from_url(url)
+
+    def drop(job_ids: list[str]) -> None:
+        try:
+            client.delete(*(stream_key(job_id) for job_id in job_ids))
+        except redis.RedisError as error:
+            logger.warning("could not delete job streams", extra={"jobs": len(job_ids), "error": str(error)})
+
+    return drop
 
 
 @dataclass(frozen=True)

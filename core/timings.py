@@ -20,12 +20,14 @@ from typing import Any, Protocol
 DECIMALS = 3  # milliseconds to the microsecond, everywhere a timing is reported
 
 
-class TimedJob(Protocol):
+class Stamped(Protocol):
     queued_at: datetime
     started_at: datetime | None
     first_token_at: datetime | None
     finished_at: datetime | None
 
+
+class TimedJob(Stamped, Protocol):
     @property
     def token_times_ms(self) -> list[float]: ...
 
@@ -52,12 +54,25 @@ def timings(job: TimedJob) -> Timings:
     times = job.token_times_ms
     mean_gap = ms((times[-1] - times[0]) / (len(times) - 1)) if len(times) > 1 else None
     return Timings(
-        queue_time_ms=_between(job.queued_at, job.started_at),
-        time_to_first_token_ms=_between(job.started_at, job.first_token_at),
-        e2e_latency_ms=_between(job.queued_at, job.finished_at),
+        queue_time_ms=queue_time_ms(job),
+        time_to_first_token_ms=time_to_first_token_ms(job),
+        e2e_latency_ms=e2e_latency_ms(job),
         mean_time_per_output_token_ms=mean_gap,
         inter_token_ms=[ms(later - earlier) for earlier, later in itertools.pairwise(times)],
     )
+
+
+# The figures that need no per-token times, for readers of many jobs' stamps alone (the console's charts).
+def queue_time_ms(job: Stamped) -> float | None:
+    return _between(job.queued_at, job.started_at)
+
+
+def time_to_first_token_ms(job: Stamped) -> float | None:
+    return _between(job.started_at, job.first_token_at)
+
+
+def e2e_latency_ms(job: Stamped) -> float | None:
+    return _between(job.queued_at, job.finished_at)
 
 
 def joined(chunks: Iterable[tuple[int, list[float]]]) -> list[float]:

@@ -1,7 +1,16 @@
-"""The engine's kernels behind one interface (``kernels.dispatch``): Triton on CUDA, the torch
-reference (``kernels.reference``) on CPU and as the oracle the Triton kernels are tested against."""
+"""The engine's kernels behind one interface (``kernels.dispatch``): Triton on CUDA, C++ (``kernels.cpu``)
+on CPU, and the torch reference (``kernels.reference``) where neither runs and as the oracle both are
+tested against."""
 
-from kernels.dispatch import add_rms_norm, backend_for, paged_attention, rms_norm, silu_and_mul, write_kv
+from kernels.dispatch import (
+    add_rms_norm,
+    backend_for,
+    paged_attention,
+    rms_norm,
+    rotate,
+    silu_and_mul,
+    write_kv,
+)
 from kernels.metadata import AttentionMetadata
 from kernels.reference import copy_blocks
 
@@ -12,6 +21,7 @@ __all__ = [
     "copy_blocks",
     "paged_attention",
     "rms_norm",
+    "rotate",
     "silu_and_mul",
     "write_kv",
 ]

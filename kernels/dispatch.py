@@ -1,9 +1,12 @@
-"""One interface to the kernels: Triton on CUDA tensors, the torch reference elsewhere.
+"""One interface to the kernels: Triton on CUDA tensors, the C++ CPU kernels on CPU tensors, the torch
+reference wherever those are not.
 
 ``PAGEDQ_KERNEL_BACKEND`` picks: ``auto`` (the default: by the tensor's device), ``torch`` (the
-reference everywhere, e.g. to rule the kernels out) or ``triton`` (everywhere; on CPU tensors only
-under ``TRITON_INTERPRET=1``, which is how the tests run the kernels without a GPU). The Triton
-modules are imported on first use, so a CPU engine never loads them.
+reference everywhere, e.g. to rule the kernels out), ``cpu`` (the CPU kernels on CPU tensors, the
+reference on others) or ``triton`` (everywhere; on CPU tensors only under ``TRITON_INTERPRET=1``,
+which is how the tests run the kernels without a GPU). The Triton modules are imported on first use,
+so a CPU engine never loads them; the CPU kernels are built on first use (``kernels/cpu.py``), and
+when they cannot be, ``auto`` and ``cpu`` run the reference.
 """
 
 import os
@@ -11,20 +14,23 @@ import os
 import torch
 from torch import Tensor
 
-from kernels import reference
+from kernels import cpu, reference
 from kernels.metadata import AttentionMetadata
 
 BACKEND_ENV = "PAGEDQ_KERNEL_BACKEND"
-BACKENDS = ("auto", "torch", "triton")
+BACKENDS = ("auto", "torch", "cpu", "triton")
 
 
 def backend_for(device: torch.device) -> str:
-    """``"triton"`` or ``"torch"``: which implementation runs on tensors on ``device``."""
+    """``"triton"``, ``"cpu"`` or ``"torch"``: which implementation runs on tensors on ``device``."""
     choice = os.environ.get(BACKEND_ENV, "auto")
     if choice not in BACKENDS:
         raise ValueError(f"{BACKEND_ENV} must be one of {', '.join(BACKENDS)}, got {choice!r}")
     if choice == "auto":
+        # The C++ CPU kernels are opt-in until they beat the torch path (bench/RESULTS.md, issue 21).
         return "triton" if device.type == "cuda" else "torch"
+    if choice == "cpu":
+        return "cpu" if device.type == "cpu" and cpu.available() else "torch"
     return choice
 
 
@@ -39,10 +45,13 @@ def write_kv(key: Tensor, value: Tensor, k_cache: Tensor, v_cache: Tensor, slot_
 def paged_attention(
     query: Tensor, k_cache: Tensor, v_cache: Tensor, meta: AttentionMetadata, scale: float
 ) -> Tensor:
-    if backend_for(query.device) == "triton":
+    backend = backend_for(query.device)
+    if backend == "triton":
         from kernels.triton_paged_attention import paged_attention as triton_paged_attention
 
         return triton_paged_attention(query, k_cache, v_cache, meta, scale)
+    if backend == "cpu":
+        return cpu.paged_attention(query, k_cache, v_cache, meta, scale)
     return reference.paged_attention(query, k_cache, v_cache, meta, scale)
 
 
@@ -55,16 +64,29 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
 
 
 def add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
-    if backend_for(x.device) == "triton":
+    backend = backend_for(x.device)
+    if backend == "triton":
         from kernels.triton_rmsnorm import add_rms_norm as triton_add_rms_norm
 
         return triton_add_rms_norm(x, residual, weight, eps)
+    if backend == "cpu":
+        return cpu.add_rms_norm(x, residual, weight, eps)
     return reference.add_rms_norm(x, residual, weight, eps)
 
 
 def silu_and_mul(x: Tensor) -> Tensor:
-    if backend_for(x.device) == "triton":
+    backend = backend_for(x.device)
+    if backend == "triton":
         from kernels.triton_activation import silu_and_mul as triton_silu_and_mul
 
         return triton_silu_and_mul(x)
+    if backend == "cpu":
+        return cpu.silu_and_mul(x)
     return reference.silu_and_mul(x)
+
+
+def rotate(x: Tensor, cos: Tensor, signed_sin: Tensor) -> Tensor:
+    """``x * cos + roll(x, D / 2) * signed_sin``; the CPU kernel rotates ``x`` in place."""
+    if backend_for(x.device) == "cpu":
+        return cpu.rotate(x, cos, signed_sin)
+    return reference.rotate(x, cos, signed_sin)

@@ -55,11 +55,11 @@ def paged_attention(
     out = query.new_empty(query.shape)  # contiguous, whatever the query's strides
     buffer = meta.gather_buffer(k_cache)
     for chunk in meta.decode_chunks:
-        k, v = _gather(k_cache, v_cache, chunk.block_index, chunk.token_index.shape[0], buffer)
+        k, v = gather(k_cache, v_cache, chunk.block_index, chunk.token_index.shape[0], buffer)
         out.index_copy_(0, chunk.token_index, _decode(query, k, v, chunk, scale))
     for seq in meta.prefills:
-        k, v = _gather(k_cache, v_cache, seq.block_ids, 1, buffer)
-        out[seq.start : seq.end] = _prefill(query, k, v, seq, scale)
+        k, v = gather(k_cache, v_cache, seq.block_ids, 1, buffer)
+        out[seq.start : seq.end] = prefill(query, k, v, seq, scale)
     return out
 
 
@@ -76,7 +76,7 @@ def check_attention_shapes(query: Tensor, k_cache: Tensor, v_cache: Tensor, meta
         )
 
 
-def _gather(
+def gather(
     k_cache: Tensor, v_cache: Tensor, block_index: Tensor, num_seqs: int, buffer: Tensor
 ) -> tuple[Tensor, Tensor]:
     """The listed blocks (sequence-major) as K and V ``[num_seqs, kv_heads, tokens, head_dim]``."""
@@ -97,7 +97,7 @@ def _decode(query: Tensor, k: Tensor, v: Tensor, chunk: DecodeChunk, scale: floa
     return o.reshape(seqs, -1, head_dim)
 
 
-def _prefill(query: Tensor, k: Tensor, v: Tensor, seq: PrefillSeq, scale: float) -> Tensor:
+def prefill(query: Tensor, k: Tensor, v: Tensor, seq: PrefillSeq, scale: float) -> Tensor:
     q = query[seq.start : seq.end].transpose(0, 1).unsqueeze(0)
     k, v = k[:, :, : seq.seq_len], v[:, :, : seq.seq_len]  # drop the last block's tail
     o = F.scaled_dot_product_attention(
@@ -123,3 +123,9 @@ def silu_and_mul(x: Tensor) -> Tensor:
     """``silu(gate) * up`` for ``x = [gate | up]`` split along the last dimension."""
     gate, up = x.chunk(2, dim=-1)
     return F.silu(gate) * up
+
+
+def rotate(x: Tensor, cos: Tensor, signed_sin: Tensor) -> Tensor:
+    """Rotary embedding of ``x`` ``[T, heads, D]`` with ``cos`` and ``signed_sin = [-sin | sin]``
+    ``[T, 1, D]``: ``rotate_half(x) * sin`` becomes ``x.roll(D/2) * signed_sin``."""
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * signed_sin

@@ -66,6 +66,19 @@ def build_parser() -> argparse.ArgumentParser:
     migrate = commands.add_parser("migrate", help="bring the database schema to the latest revision")
     migrate.set_defaults(func=run_service, service="migrate")
 
+    keys = commands.add_parser(
+        "keys", help="make, list and revoke API keys (in the database of the settings)"
+    )
+    key_actions = keys.add_subparsers(required=True, metavar="ACTION", dest="action")
+    create = key_actions.add_parser("create", help="make a key and print it (the only time it is shown)")
+    create.add_argument("--name", required=True)
+    create.add_argument("--admin", action="store_true", help="an admin key: every object, /v1/admin/keys")
+    create.add_argument("--expires-in", help="30d, 12h, 90m or 45s; default: never")
+    key_actions.add_parser("list", help="list keys (their first characters, never the keys)")
+    revoke = key_actions.add_parser("revoke", help="revoke a key: its requests get 403 from now on")
+    revoke.add_argument("key", metavar="NAME|ID")
+    keys.set_defaults(func=run_keys)
+
     submit = commands.add_parser("submit", help="submit a JSONL file of jobs, one POST /v1/jobs body a line")
     submit.add_argument("file", type=Path, help="one JSON object a line; blank lines are skipped")
     submit.add_argument("--wait", action="store_true", help="wait for every job and write its result")
@@ -180,6 +193,13 @@ def check_worker(settings: "Settings") -> int:
     healthy, line = check(settings.resolved_worker_status_file, stale_after=settings.heartbeat_timeout)
     print(line)
     return 0 if healthy else 1
+
+
+def run_keys(args: argparse.Namespace) -> int:
+    from core.settings import Settings
+    from pagedq.keys import manage_keys
+
+    return manage_keys(Settings(), args.action, args)
 
 
 def run_submit(args: argparse.Namespace) -> int:

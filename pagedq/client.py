@@ -22,6 +22,8 @@ from urllib.parse import quote
 import httpx
 from tqdm import tqdm
 
+from core.settings import Settings
+
 Json = dict[str, Any]
 TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
 RETRYABLE = frozenset({502, 503, 504})
@@ -43,7 +45,9 @@ class Api:
     def __init__(self, url: str, connections: int = 4, retries: int = 0) -> None:
         self.url = url.rstrip("/")
         limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
-        self.http = httpx.Client(base_url=self.url, timeout=30.0, limits=limits)
+        key = Settings().api_key
+        headers = {"Authorization": f"Bearer {key}"} if key else None
+        self.http = httpx.Client(base_url=self.url, timeout=30.0, limits=limits, headers=headers)
         self.retries = retries
 
     def __enter__(self) -> "Api":

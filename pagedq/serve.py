@@ -3,6 +3,7 @@
 import logging
 import os
 import signal
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -26,20 +27,59 @@ def migrate(settings: Settings) -> None:
     logger.info("database is at the latest revision", extra={"database": _redacted(settings)})
 
 
-def serve_api(settings: Settings) -> None:
+def serve_api(settings: Settings) -> int:
+    """Refuses to start (1) when auth is required and there is no key nor ``PAGEDQ_ADMIN_KEY``."""
     from api.app import create_app
     from worker.engine.default_model import resolve_model
 
+    if not bootstrap_keys(settings):
+        return 1
+    logger.info("auth " + auth_mode(settings), extra={"host": settings.host})
     model_dir = resolve_model(settings.model)  # build the default model once, before any child wants it
     options = {"host": settings.host, "port": settings.port, "log_config": None, "access_log": False}
     if settings.api_workers <= 1:
         GracefulServer(uvicorn.Config(create_app(settings, model_dir), **options)).run()
-        return
+        return 0
     # uvicorn's supervisor spawns each process afresh: they import api_app, which reads the settings
     # from the environment, so the parent's are put there first.
     os.environ.update(env_for(settings))
     config = uvicorn.Config("pagedq.serve:api_app", factory=True, workers=settings.api_workers, **options)
     Multiprocess(config, sockets=[config.bind_socket()]).run()
+    return 0
+
+
+def bootstrap_keys(settings: Settings) -> bool:
+    """With auth required and no key, the admin key of ``PAGEDQ_ADMIN_KEY`` is made; False (and why, on
+    stderr) when there is none: the API must not open without a key."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from core import keys
+    from core.db import make_db_engine, make_sessionmaker
+
+    engine = make_db_engine(settings)
+    try:
+        made = keys.bootstrap(make_sessionmaker(engine), settings)
+    except keys.NoAdminKey as error:
+        print(f"pagedq: {error}", file=sys.stderr)
+        return False
+    except SQLAlchemyError as error:
+        reason = next(iter(str(error).splitlines()), "")
+        print(
+            f"pagedq: cannot read the API keys ({reason}); is the database migrated (pagedq migrate)?",
+            file=sys.stderr,
+        )
+        return False
+    finally:
+        engine.dispose()
+    if made:
+        logger.info("made the admin key of PAGEDQ_ADMIN_KEY", extra={"key_name": made})
+    return True
+
+
+def auth_mode(settings: Settings) -> str:
+    if settings.auth_required:
+        return "required: every route but /healthz takes an API key (pagedq keys)"
+    return f"off: open to anyone who can reach {settings.host} (PAGEDQ_AUTH=required to need keys)"
 
 
 def api_app() -> "FastAPI":

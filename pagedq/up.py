@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 
 from core.settings import Settings
-from pagedq.serve import env_for, migrate, serve_api
+from pagedq.serve import bootstrap_keys, env_for, migrate, serve_api
 
 logger = logging.getLogger("pagedq")
 
@@ -31,21 +31,25 @@ class DataDirInUse(Exception):
 def up(settings: Settings) -> int:
     try:
         with data_dir_lock(settings.data_dir):
-            _run(settings)
+            return _run(settings)
     except DataDirInUse as error:
         print(f"pagedq: {error}", file=sys.stderr)
         return 1
-    return 0
 
 
-def _run(settings: Settings) -> None:
+def _run(settings: Settings) -> int:
     from worker.engine.default_model import resolve_model
 
     migrate(settings)
+    if not bootstrap_keys(settings):
+        return 1
     resolve_model(settings.model)  # build the default model once, before the worker and the API want it
     url = settings.listen_url
     model = settings.served_model_name
-    _say(f"starting the API on {url} and a worker, which loads {model} first; wait for '{READY}'")
+    access = (
+        "API keys required" if settings.auth_required else f"open, no API keys, to all on {settings.host}"
+    )
+    _say(f"starting the API on {url} ({access}) and a worker, which loads {model} first; wait for '{READY}'")
     ready_read, ready_write = os.pipe()
     children = {
         "worker": _child(settings, "worker", "--ready-fd", str(ready_write), pass_fds=(ready_write,)),
@@ -57,7 +61,7 @@ def _run(settings: Settings) -> None:
     for name, child in children.items():
         threading.Thread(target=_stop_when_child_dies, args=(name, child, api_stopping), daemon=True).start()
     try:
-        serve_api(settings)
+        return serve_api(settings)
     finally:
         api_stopping.set()
         _stop_children(children, settings.shutdown_grace)
@@ -108,7 +112,7 @@ def _announce_when_ready(url: str, ready_read: int, api_stopping: threading.Even
 
 
 def ready_lines(url: str, worker: dict[str, Any]) -> str:
-    """The ready line, then the README's first request."""
+    """The ready line, then the README's first request and where to watch it."""
     kv = f"{worker['kv_cache_bytes'] / 2**30:.2f} GiB ({worker['kv_cache_blocks']} blocks)"
     return (
         f"{READY}: API {url}, worker {worker['worker_id']}, model {worker['model']} on {worker['device']} "
@@ -116,6 +120,7 @@ def ready_lines(url: str, worker: dict[str, Any]) -> str:
         "Try:\n"
         f"  curl -s {url}/v1/jobs -H 'Content-Type: application/json' -H 'Prefer: wait=30' \\\n"
         """    -d '{"messages": [{"role": "user", "content": "Name three rivers."}], "max_tokens": 64}'"""
+        f"\nand watch it in the console: {url}/console"
     )
 
 

@@ -661,6 +661,7 @@ def test_openapi_document_is_valid_and_declares_every_response(client: TestClien
         ("/v1/jobs/{job_id}", "get"): {"200", "404", "422", "503"},
         ("/v1/jobs/{job_id}/events", "get"): {"200", "404", "422", "503"},
         ("/v1/jobs/{job_id}/cancel", "post"): {"200", "202", "404", "409", "422", "503"},
+        ("/v1/jobs/{job_id}", "delete"): {"200", "404", "409", "422", "503"},
         ("/v1/files", "post"): {"200", "413", "422"},
         ("/v1/files/{file_id}", "get"): {"200", "404", "422"},
         ("/v1/files/{file_id}", "delete"): {"200", "404", "409", "422"},
@@ -668,9 +669,13 @@ def test_openapi_document_is_valid_and_declares_every_response(client: TestClien
         ("/v1/batches", "post"): {"200", "404", "422"},
         ("/v1/batches", "get"): {"200", "422"},
         ("/v1/batches/{batch_id}", "get"): {"200", "404", "422"},
+        ("/v1/batches/{batch_id}", "delete"): {"200", "404", "409", "422"},
         ("/v1/batches/{batch_id}/cancel", "post"): {"200", "404", "409", "422"},
         ("/v1/jobs/{job_id}/webhook-deliveries", "get"): {"200", "404", "422", "503"},
         ("/v1/batches/{batch_id}/webhook-deliveries", "get"): {"200", "404", "422", "503"},
+        ("/v1/jobs/{job_id}/request", "get"): {"200", "404", "422", "503"},
+        ("/v1/batches/{batch_id}/latency", "get"): {"200", "404", "422"},
+        ("/v1/overview", "get"): {"200", "503"},
         ("/v1/chat/completions", "post"): {"200", "400", "422"},
         ("/v1/completions", "post"): {"200", "400", "422"},
         ("/v1/models", "get"): {"200"},
@@ -679,6 +684,9 @@ def test_openapi_document_is_valid_and_declares_every_response(client: TestClien
         ("/healthz", "get"): {"200"},
         ("/readyz", "get"): {"200", "503"},
         ("/metrics", "get"): {"200"},
+        ("/v1/admin/keys", "post"): {"201", "401", "403", "409", "422"},
+        ("/v1/admin/keys", "get"): {"200", "401", "403"},
+        ("/v1/admin/keys/{name_or_id}", "delete"): {"200", "401", "403", "404", "422"},
     }
     submit = doc["paths"]["/v1/jobs"]["post"]
     assert {p["name"] for p in submit["parameters"] if p["in"] == "header"} == {"Idempotency-Key", "Prefer"}

@@ -9,9 +9,11 @@ from core.settings import Settings
 from tests.services import Process, free_port, service_env, wait_for
 
 
-def start_up(settings: Settings, log: Path) -> tuple[Process, httpx.Client]:
+def start_up(settings: Settings, log: Path, key: str = "") -> tuple[Process, httpx.Client]:
+    """``pagedq up`` with ``settings``, and a client that sends ``key`` (when auth is on) once it is ready."""
     process = Process(["up"], service_env(settings), log)
-    client = httpx.Client(base_url=f"http://{settings.host}:{settings.port}", timeout=30)
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    client = httpx.Client(base_url=f"http://{settings.host}:{settings.port}", timeout=30, headers=headers)
 
     def ready() -> bool:
         try:
@@ -21,6 +23,9 @@ def start_up(settings: Settings, log: Path) -> tuple[Process, httpx.Client]:
             return False
 
     wait_for(ready, 120, "pagedq up to answer /readyz", interval=0.2)
+    # /readyz is 200 once the worker heartbeats, a moment before it consumes: a batch made in that moment
+    # waits for the reconciler (PAGEDQ_REQUEUE_AFTER). Its "worker ready" log line says it consumes.
+    wait_for(lambda: '"worker ready"' in process.log(), 30, "the worker to consume", interval=0.1)
     return process, client
 
 
@@ -54,6 +59,7 @@ def test_pagedq_up_runs_jobs_on_sqlite_and_they_survive_a_restart(tiny_llama: Pa
     finally:
         process.signal(signal.SIGTERM)
         assert process.popen.wait(60) == 0, process.log()[-3000:]
+    assert "(open, no API keys, to all on 127.0.0.1)" in process.log()  # its startup line says so
     assert (settings.data_dir / "pagedq.db").is_file()
 
     process, client = start_up(settings, tmp_path / "up2.log")

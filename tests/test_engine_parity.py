@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from kernels import dispatch
 from tests.reference import HFReference, assert_pool_empty, chosen_logprobs
 from tests.tiny_models import CORPUS
 from worker.engine import LLM, SamplingParams
@@ -23,8 +24,18 @@ def greedy(logprobs: int | None = 0) -> SamplingParams:
     return SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True, logprobs=logprobs)
 
 
-@pytest.mark.parametrize("model", ["tiny_llama", "tiny_qwen2", "tiny_llama3", "tiny_mistral"])
-def test_greedy_matches_transformers(model: str, request: pytest.FixtureRequest) -> None:
+@pytest.mark.parametrize(
+    ("model", "backend"),
+    [(name, "auto") for name in ("tiny_llama", "tiny_qwen2", "tiny_llama3", "tiny_mistral")]
+    + [("tiny_llama3", "cpu")],  # the opt-in C++ kernels (GQA), end to end
+)
+def test_greedy_matches_transformers(
+    model: str, backend: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(dispatch.BACKEND_ENV, backend)
+    assert backend != "cpu" or dispatch.backend_for(torch.device("cpu")) == "cpu", (
+        "the CPU kernels did not build"
+    )
     path: Path = request.getfixturevalue(model)
     llm = LLM(str(path), kv_cache_bytes=8 << 20)
     reference = HFReference(path)

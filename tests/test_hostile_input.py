@@ -86,6 +86,7 @@ NUL_URLS = [
     ("GET", "/v1/jobs/job_a%00b/events", "job_id"),
     ("POST", "/v1/jobs/job_a%00b/cancel", "job_id"),
     ("GET", "/v1/jobs/job_a%00b/webhook-deliveries", "job_id"),
+    ("GET", "/v1/jobs/job_a%00b/request", "job_id"),
     ("GET", "/v1/jobs?after=a%00", "after"),
     ("GET", "/v1/jobs?batch_id=a%00", "batch_id"),
     ("GET", "/v1/jobs?metadata.k=a%00", "metadata.k"),
@@ -96,6 +97,7 @@ NUL_URLS = [
     ("GET", "/v1/batches/batch_a%00", "batch_id"),
     ("POST", "/v1/batches/batch_a%00/cancel", "batch_id"),
     ("GET", "/v1/batches/batch_a%00/webhook-deliveries", "batch_id"),
+    ("GET", "/v1/batches/batch_a%00/latency", "batch_id"),
     ("GET", "/v1/batches?after=a%00", "after"),
 ]
 

@@ -1,4 +1,5 @@
-"""The torch reference kernels against a naive dense attention."""
+"""The torch reference kernels against a naive dense attention (tests/test_kernels_cpu.py runs the
+same checks on the CPU kernels)."""
 
 import math
 
@@ -6,13 +7,18 @@ import pytest
 import torch
 
 import kernels.metadata
-from kernels import AttentionMetadata, copy_blocks, paged_attention, write_kv
+from kernels import AttentionMetadata, copy_blocks, dispatch, paged_attention, write_kv
 
 HEAD_DIM = 32
 KV_HEADS = 2
 # (query_len, seq_len): decodes of assorted lengths (1, a block multiple, several blocks)
 # interleaved with a whole prompt and a prompt chunk after a 55-token cached prefix.
 MIXED = [(1, 37), (50, 50), (1, 1), (20, 75), (1, 64), (1, 129), (33, 33), (1, 5)]
+
+
+@pytest.fixture(autouse=True)
+def torch_reference(monkeypatch):
+    monkeypatch.setenv(dispatch.BACKEND_ENV, "torch")
 
 
 def make_meta(query_lens, seq_lens, tables, block_size) -> AttentionMetadata:

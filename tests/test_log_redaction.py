@@ -11,6 +11,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from api.app import create_app
+from core import keys
 from core.logs import log_formatter, redact
 from core.settings import Settings
 
@@ -88,3 +89,9 @@ def test_urls_lose_userinfo_and_query_and_quoted_rows_are_dropped() -> None:
     )
     assert "k-123" not in text and "hunter2" not in text and "my prompt" not in text
     assert "DETAIL: [redacted]" in text and "postgresql+psycopg://[redacted]@db/pagedq" in text
+
+
+def test_key_material_never_reaches_a_log_line() -> None:
+    key = keys.new_key()
+    line = redact(f"request failed: Authorization: Bearer {key}; key={key}")
+    assert key not in line and key[3:] not in line

@@ -72,6 +72,23 @@ FIELDS: dict[str, st.SearchStrategy[Any]] = {
     "best_of": st.none() | whole(2, 16, 1, 3),
     "length_penalty": reals(-10.0, 10.0),
     "early_stopping": st.sampled_from([True, False, "never"]),
+    "structured": st.sampled_from(
+        [
+            None,
+            {"json": {"type": "object", "properties": {"a": {"type": "integer"}}}},
+            {"json": {"type": "nonsense"}},
+            {"json_object": True},
+            {"regex": "[0-9]{3}"},
+            {"regex": "[0-9"},
+            {"choice": ["yes", "no"]},
+            {"choice": []},
+            {"grammar": 'start: "a"+'},
+            {"grammar": "start: undefined_rule"},
+            {"regex": "a", "choice": ["a"]},
+            {},
+            {"schema": {}},
+        ]
+    ),
 }
 
 

@@ -148,9 +148,11 @@ def test_sigterm_requeues_jobs_that_outlast_the_grace_period(service_settings, d
 
 
 def test_sigterm_lets_short_jobs_finish_within_the_grace_period(service_settings, db, workers, tmp_path):
-    first = spawn(service_settings, db, workers, tmp_path, shutdown_grace=30)
+    # Queued before the worker starts, so its threads claim all four at once; long enough that none ends
+    # before the last is claimed (the tiny model makes 200 tokens in well under a second).
     with api_client(service_settings) as client:
-        ids = [submit(client, prompt=p, max_tokens=200, ignore_eos=True) for p in PROMPTS[:4]]
+        ids = [submit(client, prompt=p, max_tokens=800, ignore_eos=True) for p in PROMPTS[:4]]
+    first = spawn(service_settings, db, workers, tmp_path, shutdown_grace=30)
     wait_for(lambda: all(j.status == "running" for j in db.jobs(ids)), 60, "the jobs to start")
     first.signal(signal.SIGTERM)
     assert first.popen.wait(60) == 0, first.log()[-3000:]
@@ -189,7 +191,9 @@ def test_a_lost_message_is_republished_while_the_queue_never_drains(service_sett
         with ThreadPoolExecutor(1) as pool:
             feeding = pool.submit(keep_a_backlog)
             wait_for(lambda: len(depths) > 0 and depths[-1] >= 6, 30, "a backlog")
-            spawn(service_settings, db, workers, tmp_path, max_num_seqs=1)
+            # Fair share off: with it, the first message would claim the lost job (the oldest), and the
+            # probe, the repair this tests (of broker order, fair share's too), would have nothing to do.
+            spawn(service_settings, db, workers, tmp_path, max_num_seqs=1, fair_share=False)
             watched_from = len(depths)
             try:
                 [job] = db.wait_until([lost], {"succeeded"}, timeout=90)

@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from core.batches import cancel_unfinished
 from core.models import Batch, File, Job, utcnow
+from core.retention import deadline
 from core.states import BatchStatus, JobStatus
 from core.webhooks import Outbox
 from worker.batch_output import result_files
@@ -97,10 +98,13 @@ class BatchKeeper:
                 return  # presumed dead and taken over meanwhile
             ending = _ending(batch)
             output, errors = result_files(session, batch, ending)
-            batch.output_file_id = _store(session, f"{batch_id}_output.jsonl", output)
-            batch.error_file_id = _store(session, f"{batch_id}_error.jsonl", errors)
+            now = utcnow()
+            # The batch, its jobs and these files are kept from now (OpenAI's anchor: the output's creation).
+            batch.retained_until = deadline(now, self.outbox.settings, batch.output_expires_after)
+            batch.output_file_id = _store(session, batch, f"{batch_id}_output.jsonl", output)
+            batch.error_file_id = _store(session, batch, f"{batch_id}_error.jsonl", errors)
             batch.status = ending
-            setattr(batch, f"{ending.value}_at", utcnow())
+            setattr(batch, f"{ending.value}_at", now)
             session.flush()
             deliveries = self.outbox.record(session, f"batch.{ending.value}", batch=batch)
         self.outbox.publish(deliveries)
@@ -135,12 +139,19 @@ def _ending(batch: Batch) -> BatchStatus:
     return BatchStatus.COMPLETED
 
 
-def _store(session: Session, filename: str, content: bytes) -> str | None:
-    """A ``batch_output`` file, or None for no lines (OpenAI leaves the id null then)."""
+def _store(session: Session, batch: Batch, filename: str, content: bytes) -> str | None:
+    """A ``batch_output`` file of the batch's key, kept as long as the batch, or None for no lines (OpenAI
+    leaves the id null then)."""
     if not content:
         return None
     file = File(
-        purpose="batch_output", filename=filename, bytes=len(content), content=content, created_at=utcnow()
+        key_id=batch.key_id,
+        purpose="batch_output",
+        filename=filename,
+        bytes=len(content),
+        content=content,
+        created_at=utcnow(),
+        expires_at=batch.retained_until,
     )
     session.add(file)
     session.flush()

@@ -81,7 +81,7 @@ class EngineHost:
         self.write_grace = write_grace  # after the drain deadline, how long unwritten writes are retried
         self.streamer = streamer
         self.flights: dict[str, Flight] = {}
-        self.claiming: set[str] = set()  # job ids a pool thread is claiming right now
+        self.claiming: set[str] = set()  # job ids a pool thread is claiming right now (not the messages')
         self.lock = threading.Lock()
         self.commands: queue.Queue[tuple[str, Flight]] = queue.Queue()
         self.wake = threading.Event()
@@ -152,21 +152,20 @@ class EngineHost:
         return RunResult.UNWRITTEN if flight.unwritten else RunResult.FINISHED
 
     def _claim(self, job_id: str) -> Flight | RunResult:
-        """Claim the job, retrying while the database is away: the thread keeps its seat meanwhile, so the
-        worker takes no message it cannot start."""
-        with self.lock:
-            held = self.flights.get(job_id)
-        if held is not None:  # a duplicate message, or a requeue of a run we still hold: that run ends first
-            held.done.wait()
-        with self.lock:
-            if job_id in self.claiming:  # a duplicate message another thread is claiming
-                return RunResult.SKIPPED
-            self.claiming.add(job_id)
+        """Claim a job for this message, retrying while the database is away: the thread keeps its seat
+        meanwhile, so the worker takes no message it cannot start. With fair share the message is a ticket
+        (worker/fair.py): it claims the fairest queued job, which another claim may take first; then the
+        next. Every ticket a job's claim did not use stays in the broker for some other queued job."""
+        failures, target, chosen = 0, None, False
         try:
-            failures = 0
             while self.drain_deadline is None:
                 try:
-                    job = self.store.claim(job_id, self.worker_id, retry=failures > 0)
+                    if target is None:
+                        reserved, failures = self._reserve(job_id), 0
+                        if reserved is None:  # a duplicate message another thread is claiming
+                            return RunResult.SKIPPED
+                        target, chosen = reserved
+                    job = self.store.claim(target, self.worker_id, retry=failures > 0)
                 except SQLAlchemyError as error:
                     if not database_away(error):
                         raise
@@ -177,6 +176,11 @@ class EngineHost:
                     )
                     time.sleep(self._backoff(failures))
                     continue
+                if job is None and chosen:  # fair share's choice was taken first: this ticket takes the next
+                    with self.lock:
+                        self.claiming.discard(target)
+                    target = None
+                    continue
                 if job is None:
                     logger.info("job not queued, skipping", extra={"job_id": job_id})
                     return RunResult.SKIPPED
@@ -186,8 +190,33 @@ class EngineHost:
                 return flight
             return RunResult.REFUSED
         finally:
+            if target is not None:
+                with self.lock:
+                    self.claiming.discard(target)
+
+    def _reserve(self, job_id: str) -> tuple[str, bool] | None:
+        """The job this message's thread will claim, marked as being claimed, and whether fair share chose
+        it; None if another thread is claiming the message's own job (a duplicate message)."""
+        while True:
             with self.lock:
-                self.claiming.discard(job_id)
+                skip = self.claiming | self.flights.keys()
+            chosen = self.store.pick(job_id, skip)
+            if chosen is not None and chosen != job_id:
+                with self.lock:
+                    if chosen not in self.claiming and chosen not in self.flights:
+                        self.claiming.add(chosen)
+                        return chosen, True
+                continue  # another thread took it meanwhile: choose again
+            with self.lock:
+                held = self.flights.get(job_id)
+            if held is not None:  # a duplicate message, or a requeue of a run still held: it ends first
+                held.done.wait()
+            with self.lock:
+                if job_id not in self.claiming:
+                    self.claiming.add(job_id)
+                    return job_id, chosen is not None and self.store.fair
+            if chosen is None or not self.store.fair:
+                return None
 
     def _backoff(self, failures: int) -> float:
         """Seconds before the next try: doubling from the flush interval, at most one heartbeat period."""
@@ -247,7 +276,9 @@ class EngineHost:
         if self.streamer is not None and not flight.job.in_batch:
             text = "".join(sample.text for sample in output.outputs if sample.index == 0)
             self.streamer.put(flight.job.id, flight.job.attempt, text, output.finished)
-        if output.finished:
+        if output.finished and output.error is not None:  # its constraint did not compile in time
+            self._end(flight, JobStatus.FAILED, error=f"rejected by the engine: {output.error}")
+        elif output.finished:
             reason = flight.result.choices[0].finish_reason
             status = flight.abort_as if reason == "abort" and flight.abort_as else JobStatus.SUCCEEDED
             self._end(flight, status, finish_reason=reason)

@@ -18,9 +18,10 @@ from celery.exceptions import Reject
 from celery.signals import worker_ready, worker_shutting_down
 
 from core.db import make_db_engine, make_sessionmaker
+from core.purge import Purger
 from core.queue import PROBE_QUEUE_TASK, RUN_JOB_TASK, make_celery, publish_job, publish_probe, queue_name
 from core.settings import Settings
-from core.streams import streams_url
+from core.streams import stream_dropper, streams_url
 from core.webhooks import Outbox
 from worker.batches import BatchKeeper
 from worker.engine import LLMEngine
@@ -73,7 +74,8 @@ def run_worker(settings: Settings, ready_fd: int | None = None) -> None:
 
     outbox = Outbox(settings, app)  # job ends become webhook deliveries, published by the flusher thread
     sessions = make_sessionmaker(make_db_engine(settings))
-    store = JobStore(sessions, settings.served_model_name, outbox, settings.max_attempts)
+    fair_aging = settings.fair_aging_seconds if settings.fair_share else None
+    store = JobStore(sessions, settings.served_model_name, outbox, settings.max_attempts, fair_aging)
     url = streams_url(settings)
     streamer = TokenStreamer(url) if url else None
     health = WorkerHealth(settings.resolved_worker_status_file, settings.heartbeat_period, worker_id)
@@ -97,6 +99,8 @@ def run_worker(settings: Settings, ready_fd: int | None = None) -> None:
         settings.heartbeat_timeout,
         settings.requeue_after,
         BatchKeeper(store.sessions, outbox),
+        Purger(store.sessions, settings.purge_chunk, stream_dropper(settings)),
+        settings.purge_interval,
     )
     register_probe_queue(app, reconciler)
     stop_reconciling = threading.Event()

@@ -1,5 +1,6 @@
 """Nothing is lost: jobs of dead workers go back to the queue, and queued jobs without a message get one.
-Each round also moves batches along (``worker/batches.py``).
+Each round also moves batches along (``worker/batches.py``), and every ``PAGEDQ_PURGE_INTERVAL`` it
+deletes what retention has expired (``core/purge.py``).
 
 A lost message is told from one still waiting in the broker by a probe, not by reading the broker: a
 broker queue is first in, first out within a priority step, so when a probe published at time S is
@@ -9,6 +10,9 @@ row's stamp and clocks that differ), has lost its message; whichever worker cons
 republishes it. This works with a backlog that never drains, and without one (the probe is consumed at
 once). Each reconciler sends at most one probe per priority step per ``requeue_after``, and only for
 steps that have queued jobs that old.
+With fair share a message is a ticket for the fairest job (worker/fair.py), so a job may still be queued
+because its message claimed a fairer one: that fairer job's message is still waiting, and the job's
+republished message is one ticket more than needed, whose claim finds nothing and is dropped.
 """
 
 import logging
@@ -19,6 +23,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from core.models import utcnow
+from core.purge import Purger
 from core.queue import celery_priority, priorities_at
 from worker.batches import BatchKeeper
 from worker.health import describe
@@ -38,13 +43,19 @@ class Reconciler:
     heartbeat_timeout: float
     requeue_after: float
     batches: BatchKeeper | None = None  # expires, stops and finalizes batches
+    purger: Purger | None = None  # deletes what retention has expired
+    purge_interval: float = 300.0
     probed: dict[int, float] = field(default_factory=dict)  # step -> when this reconciler last probed it
+    purged: float = -float("inf")  # when this reconciler last purged (monotonic)
 
     def run(self, interval: float, stop: threading.Event) -> None:
         while not stop.wait(interval):
             self._try("reconcile", self.reconcile)
             if self.batches is not None:
                 self._try("keeping batches", self.batches.keep)
+            if self.purger is not None and time.monotonic() - self.purged >= self.purge_interval:
+                self.purged = time.monotonic()
+                self._try("purging expired objects", self.purger.purge)
 
     @staticmethod
     def _try(what: str, step: Callable[[], None]) -> None:
@@ -72,5 +83,5 @@ class Reconciler:
     def republish_lost(self, step: int, published_before: datetime) -> None:
         """A probe of ``step`` was consumed: that step's older jobs still queued lost their message."""
         for job_id, priority in self.store.republish_due(published_before, priorities_at(step)):
-            logger.warning("republished a queued job whose message was lost", extra={"job_id": job_id})
+            logger.warning("republished a queued job without a message", extra={"job_id": job_id})
             self.publish(job_id, priority)

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Insert, String, and_, bindparam, cast, delete, literal, or_, select, update
+from sqlalchemy import Insert, String, and_, bindparam, cast, delete, func, literal, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
@@ -18,6 +18,7 @@ from core.choices import TokenLogprob
 from core.models import FRESH_RESULTS, Job, TokenTimes, Worker, storable, utcnow
 from core.states import JobStatus
 from core.webhooks import Outbox
+from worker.fair import fair_order
 
 
 def database_away(error: BaseException) -> bool:
@@ -104,6 +105,29 @@ class JobStore:
     model: str
     outbox: Outbox | None = None  # where a job's end is recorded as webhook events; None: nowhere
     max_attempts: int = 3  # runs a job may start; when the last one is abandoned too, the job fails
+    fair_aging: float | None = None  # fair share's aging (worker/fair.py); None: a message claims its own job
+
+    @property
+    def fair(self) -> bool:
+        return self.fair_aging is not None
+
+    def pick(self, job_id: str, skip: set[str]) -> str | None:
+        """The job that the message for ``job_id`` claims: with fair share, the fairest queued job of the
+        model but those in ``skip`` (being claimed or run here), or None when there is none (the message is
+        a spare ticket); without, its own. Jobs being claimed count as their key's running ones, so threads
+        claiming at once share too."""
+        if self.fair_aging is None:
+            return job_id
+        ours = (Job.model == self.model,)
+        with self.sessions() as session:
+            held_here = or_(Job.status == JobStatus.RUNNING, Job.id.in_(skip))
+            running = select(Job.key_id, func.count()).where(*ours, held_here)
+            held = {key: count for key, count in session.execute(running.group_by(Job.key_id)).all()}
+            queued = (Job.status == JobStatus.QUEUED, Job.cancel_requested.is_(False), Job.id.not_in(skip))
+            fairest = (
+                select(Job.id).where(*ours, *queued).order_by(*fair_order(held, self.fair_aging)).limit(1)
+            )
+            return session.scalar(fairest)
 
     def claim(self, job_id: str, worker_id: str, retry: bool = False) -> ClaimedJob | None:
         """Take a queued job for a new attempt; None when it is not queued (done, cancelled, taken).

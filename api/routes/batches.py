@@ -4,10 +4,12 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from api import batches
+from api import batch_latency, batches
+from api.auth import CallerDep
 from api.deps import ServiceDep
-from api.openai_schemas import BatchIn, BatchList, BatchOut
+from api.openai_schemas import BatchDeleted, BatchIn, BatchList, BatchOut
 from api.responses import INVALID, error, not_found
+from api.schemas import BatchLatency
 
 router = APIRouter(prefix="/v1/batches", tags=["batches"])
 NOT_FOUND = not_found("batch")
@@ -27,24 +29,25 @@ file (succeeded lines) and the error file (failed and cancelled lines), in input
     description=CREATE_DESCRIPTION,
     responses=error(404, "No such input file") | INVALID,
 )
-def create_batch(request: BatchIn, service: ServiceDep) -> BatchOut:
-    return batches.create(service, request)
+def create_batch(request: BatchIn, service: ServiceDep, caller: CallerDep) -> BatchOut:
+    return batches.create(service, caller, request)
 
 
 @router.get(
     "/{batch_id}", summary="Read a batch: status, request counts, output and error files", responses=NOT_FOUND
 )
-def get_batch(batch_id: str, service: ServiceDep) -> BatchOut:
-    return batches.get(service, batch_id)
+def get_batch(batch_id: str, service: ServiceDep, caller: CallerDep) -> BatchOut:
+    return batches.get(service, caller, batch_id)
 
 
 @router.get("", summary="List batches, newest first", responses=INVALID)
 def list_batches(
     service: ServiceDep,
+    caller: CallerDep,
     limit: Annotated[int, Query(ge=1, le=100, description="batches per page")] = 20,
     after: Annotated[str | None, Query(description="a batch id: list the batches older than it")] = None,
 ) -> BatchList:
-    page, has_more = batches.page(service, limit, after)
+    page, has_more = batches.page(service, caller, limit, after)
     return BatchList(
         data=page,
         first_id=page[0].id if page else None,
@@ -60,5 +63,27 @@ def list_batches(
     "`cancelling` until they have stopped, then `cancelled`, with the results finished so far in its files.",
     responses=error(409, "Already finished") | NOT_FOUND,
 )
-def cancel_batch(batch_id: str, service: ServiceDep) -> BatchOut:
-    return batches.cancel(service, batch_id)
+def cancel_batch(batch_id: str, service: ServiceDep, caller: CallerDep) -> BatchOut:
+    return batches.cancel(service, caller, batch_id)
+
+
+@router.delete(
+    "/{batch_id}",
+    summary="Delete a batch, with its jobs, webhook deliveries and files",
+    description="An ended batch is deleted with its jobs, its output and error files and its input file "
+    "(unless another batch reads it). A batch still running is refused (409): cancel it first.",
+    responses=error(409, "Not ended yet") | NOT_FOUND,
+)
+def delete_batch(batch_id: str, service: ServiceDep, caller: CallerDep) -> BatchDeleted:
+    batches.delete(service, caller, batch_id)
+    return BatchDeleted(id=batch_id, deleted=True)
+
+
+@router.get(
+    "/{batch_id}/latency",
+    summary="pagedq: histograms of the batch's end-to-end latency and queue time",
+    description="Over the batch's jobs that have ended, in `/metrics`' buckets (milliseconds).",
+    responses=NOT_FOUND,
+)
+def get_batch_latency(batch_id: str, service: ServiceDep, caller: CallerDep) -> BatchLatency:
+    return batch_latency.latency(service, caller, batch_id)

@@ -8,6 +8,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
 
 from api import openai_online
+from api.auth import CallerDep
 from api.deps import ServiceDep
 from api.responses import INVALID
 from core.choices import choices_of
@@ -33,10 +34,10 @@ class GenerateOut(BaseModel):
     response_model=GenerateOut,
     responses=INVALID,
 )
-async def generate(body: GenerateIn, request: Request, service: ServiceDep) -> Response:
+async def generate(body: GenerateIn, request: Request, service: ServiceDep, caller: CallerDep) -> Response:
     spec = JobSpec.model_validate(body.model_dump(exclude={"stream"}))
     try:
-        job = await openai_online.submit(service, spec)
+        job = await openai_online.submit(service, caller, spec)
     except openai_online.OpenAIError as error:
         return JSONResponse(
             {"detail": [{"type": error.code, "loc": ["body", error.param], "msg": error.message}]},

@@ -1,4 +1,7 @@
-"""The operator's endpoints: liveness, readiness (database, broker, a live worker), Prometheus metrics."""
+"""The operator's endpoints: liveness, readiness (database, broker, a live worker), Prometheus metrics.
+
+With auth on, ``/readyz`` and ``/metrics`` take an admin key (a probe or scraper sends it as a bearer
+token); ``/healthz`` is open to all."""
 
 from collections.abc import Callable
 
@@ -6,6 +9,7 @@ from fastapi import APIRouter, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from sqlalchemy import exists, select, text
 
+from api.auth import AdminDep
 from api.deps import Service, ServiceDep
 from api.errors import RETRY_LATER
 from api.schemas import Health, Readiness
@@ -26,7 +30,7 @@ async def healthz() -> Health:  # on the event loop itself: it answers when the 
     summary="The service can run jobs: the database and the broker answer and a live worker serves the model",
     responses={503: {"model": Readiness, "description": "Not ready; `checks` says what is missing"}},
 )
-def readyz(response: Response, service: ServiceDep) -> Readiness:
+def readyz(response: Response, service: ServiceDep, _: AdminDep) -> Readiness:
     checks = {
         "database": _check(_ping_database, service),
         "broker": _check(_ping_broker, service),
@@ -78,5 +82,5 @@ def _find_live_worker(service: Service) -> None:
     response_class=Response,
     responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}},
 )
-def metrics(service: ServiceDep) -> Response:
+def metrics(service: ServiceDep, _: AdminDep) -> Response:
     return Response(service.metrics.render(), media_type=CONTENT_TYPE_LATEST)

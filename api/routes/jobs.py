@@ -7,9 +7,10 @@ from fastapi.sse import EventSourceResponse
 from starlette.concurrency import run_in_threadpool
 
 from api import jobs
+from api.auth import OPEN, CallerDep
 from api.deps import Service, ServiceDep
 from api.responses import DATABASE_DOWN, INVALID, error, not_found
-from api.schemas import InvalidOut, JobList, JobOut
+from api.schemas import InvalidOut, JobDeleted, JobList, JobOut, JobRequest
 from api.streams import encoded, job_events
 from api.waiting import wait_preference
 from core.models import Job
@@ -71,10 +72,11 @@ async def submit_job(
     spec: JobSpec,
     response: Response,
     service: ServiceDep,
+    caller: CallerDep,
     idempotency_key: IdempotencyKey = None,
     prefer: Prefer = None,
 ) -> JobOut:
-    job, created = await jobs.submit(service, spec, idempotency_key)
+    job, created = await jobs.submit(service, caller, spec, idempotency_key)
     response.headers["Location"] = f"{router.prefix}/{job.id}"
     wait = wait_preference(prefer, service.settings.max_wait_seconds)
     if wait is not None:
@@ -89,7 +91,7 @@ async def _wait_for(service: Service, job: Job, seconds: float) -> Job:
     if job.status in TERMINAL:
         return job
     await service.waiter.wait(job.id, seconds)
-    return await run_in_threadpool(jobs.get, service, job.id)
+    return await run_in_threadpool(jobs.get, service, OPEN, job.id)  # the caller's own job
 
 
 @router.get(
@@ -97,12 +99,22 @@ async def _wait_for(service: Service, job: Job, seconds: float) -> Job:
     summary="Read a job: status, output (partial while running), usage, timings",
     responses=NOT_FOUND,
 )
-def get_job(job_id: str, service: ServiceDep) -> JobOut:
-    return JobOut.of(jobs.get(service, job_id))
+def get_job(job_id: str, service: ServiceDep, caller: CallerDep) -> JobOut:
+    return JobOut.of(jobs.get(service, caller, job_id))
 
 
-async def _existing(job_id: str, service: ServiceDep) -> Job:
-    return await run_in_threadpool(jobs.get, service, job_id)
+@router.get(
+    "/{job_id}/request",
+    summary="What a job was asked: its prompt or messages (not in the job's view, which lists carry)",
+    responses=NOT_FOUND,
+)
+def get_job_request(job_id: str, service: ServiceDep, caller: CallerDep) -> JobRequest:
+    job = jobs.get(service, caller, job_id)
+    return JobRequest(prompt=job.prompt, messages=job.messages, prompt_tokens=job.prompt_tokens)
+
+
+async def _existing(job_id: str, service: ServiceDep, caller: CallerDep) -> Job:
+    return await run_in_threadpool(jobs.get, service, caller, job_id)
 
 
 EVENT_STREAM = {
@@ -132,24 +144,28 @@ next one.
 Filter by metadata with query parameters named `metadata.<key>`: `?metadata.user=ann&metadata.batch=7`
 returns the jobs whose metadata has `user` equal to `ann` and `batch` equal to `7` (exact string match).
 `status` may be repeated: `?status=queued&status=running`. `batch_id` lists the jobs of one batch (its
-lines, newest first: in reverse input order)."""
+lines, newest first: in reverse input order). `key` (a key's name or id) lists the jobs that key submitted:
+an admin key may name any key; a user key sees only its own jobs, so naming another key gives an empty
+list."""
 
 
 @router.get("", summary="List jobs", description=LIST_DESCRIPTION, responses=COMMON)
 def list_jobs(
     request: Request,
     service: ServiceDep,
+    caller: CallerDep,
     limit: Annotated[int, Query(ge=1, le=1000, description="jobs per page")] = 50,
     after: Annotated[str | None, Query(description="a `next_cursor`: jobs older than it")] = None,
     status: Annotated[list[JobStatus] | None, Query(description="only jobs in these states")] = None,
     batch_id: Annotated[str | None, Query(description="only the jobs of this batch")] = None,
+    key: Annotated[str | None, Query(description="only the jobs this key (its name or id) submitted")] = None,
 ) -> JobList:
     metadata = {
         key.removeprefix("metadata."): value
         for key, value in request.query_params.multi_items()
         if key.startswith("metadata.")
     }
-    page, has_more = jobs.page(service, limit, after, status or [], metadata, batch_id)
+    page, has_more = jobs.page(service, caller, limit, after, status or [], metadata, batch_id, key)
     return JobList(
         data=[JobOut.of(job) for job in page],
         has_more=has_more,
@@ -169,7 +185,20 @@ def list_jobs(
         **NOT_FOUND,
     },
 )
-def cancel_job(job_id: str, response: Response, service: ServiceDep) -> JobOut:
-    job, cancelled = jobs.cancel(service, job_id)
+def cancel_job(job_id: str, response: Response, service: ServiceDep, caller: CallerDep) -> JobOut:
+    job, cancelled = jobs.cancel(service, caller, job_id)
     response.status_code = 200 if cancelled else 202
     return JobOut.of(job)
+
+
+@router.delete(
+    "/{job_id}",
+    summary="Delete a job",
+    description="An ended job is deleted with its output, token times, webhook deliveries and live stream. "
+    "A queued or running job is refused (409): cancel it first, then delete it once it has stopped. A job "
+    "of a batch is deleted with its batch (`DELETE /v1/batches/{id}`).",
+    responses=error(409, "Not ended yet, or a line of a batch") | NOT_FOUND,
+)
+def delete_job(job_id: str, service: ServiceDep, caller: CallerDep) -> JobDeleted:
+    jobs.delete(service, caller, job_id)
+    return JobDeleted(id=job_id, deleted=True)

@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.sse import EventSourceResponse
 
 from api import openai_online
+from api.auth import Caller, CallerDep
 from api.batch_lines import CHAT, COMPLETIONS
 from api.deps import ServiceDep
 from api.openai_online import OpenAIError
@@ -29,21 +30,25 @@ UNKNOWN_MODEL = INVALID | {404: {"description": "No such model is served"}}
 @router.post(
     "/chat/completions", summary="OpenAI chat completion, optionally streamed", responses=BAD_REQUEST
 )
-async def chat_completions(body: OpenAIBody, request: Request, service: ServiceDep) -> Response:
-    return await _complete(body, request, service, CHAT)
+async def chat_completions(
+    body: OpenAIBody, request: Request, service: ServiceDep, caller: CallerDep
+) -> Response:
+    return await _complete(body, request, service, caller, CHAT)
 
 
 @router.post("/completions", summary="OpenAI text completion, optionally streamed", responses=BAD_REQUEST)
-async def completions(body: OpenAIBody, request: Request, service: ServiceDep) -> Response:
-    return await _complete(body, request, service, COMPLETIONS)
+async def completions(body: OpenAIBody, request: Request, service: ServiceDep, caller: CallerDep) -> Response:
+    return await _complete(body, request, service, caller, COMPLETIONS)
 
 
-async def _complete(body: dict[str, Any], request: Request, service: ServiceDep, endpoint: str) -> Response:
+async def _complete(
+    body: dict[str, Any], request: Request, service: ServiceDep, caller: Caller, endpoint: str
+) -> Response:
     try:
         spec, fills_context, stream, include_usage = openai_online.online_request(
             body, endpoint, service.settings.served_model_name
         )
-        job = await openai_online.submit(service, spec, fills_context)
+        job = await openai_online.submit(service, caller, spec, fills_context)
         if stream:
             chunks = openai_online.stream_chunks(service, job, endpoint, include_usage)
             return EventSourceResponse(chunks)

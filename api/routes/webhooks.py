@@ -9,10 +9,11 @@ from pydantic import BaseModel, Field
 from sqlalchemy import ColumnElement, select
 from sqlalchemy.orm import Session
 
+from api import batches, jobs
+from api.auth import CallerDep
 from api.deps import ServiceDep
-from api.problems import NotFound
 from api.responses import DATABASE_DOWN, not_found
-from core.models import Batch, Job, WebhookDelivery
+from core.models import WebhookDelivery
 
 router = APIRouter(tags=["webhooks"])
 
@@ -55,10 +56,9 @@ class DeliveryList(BaseModel):
     summary="A job's webhook deliveries, with every attempt",
     responses=not_found("job") | DATABASE_DOWN,
 )
-def job_deliveries(job_id: str, service: ServiceDep) -> DeliveryList:
+def job_deliveries(job_id: str, service: ServiceDep, caller: CallerDep) -> DeliveryList:
     with service.sessions() as session:
-        if session.get(Job, job_id) is None:
-            raise NotFound("job", job_id)
+        jobs.find(session, caller, job_id)
         return _deliveries(session, WebhookDelivery.job_id == job_id)
 
 
@@ -67,10 +67,9 @@ def job_deliveries(job_id: str, service: ServiceDep) -> DeliveryList:
     summary="A batch's webhook deliveries, with every attempt",
     responses=not_found("batch") | DATABASE_DOWN,
 )
-def batch_deliveries(batch_id: str, service: ServiceDep) -> DeliveryList:
+def batch_deliveries(batch_id: str, service: ServiceDep, caller: CallerDep) -> DeliveryList:
     with service.sessions() as session:
-        if session.get(Batch, batch_id) is None:
-            raise NotFound("batch", batch_id)
+        batches.find(session, caller, batch_id)
         return _deliveries(session, WebhookDelivery.batch_id == batch_id)
 
 

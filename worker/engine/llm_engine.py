@@ -2,6 +2,7 @@
 
 import logging
 import time
+from concurrent.futures import FIRST_COMPLETED, wait
 from dataclasses import dataclass, field
 
 import torch
@@ -14,6 +15,7 @@ from worker.engine.beam_search import BeamSearcher
 from worker.engine.block_manager import BlockManager
 from worker.engine.default_model import resolve_model
 from worker.engine.detokenizer import IncrementalDetokenizer
+from worker.engine.grammar import Grammars
 from worker.engine.model.model_config import ModelConfig
 from worker.engine.model_runner import ModelRunner
 from worker.engine.outputs import RequestOutput
@@ -38,6 +40,7 @@ class LLMEngine:
     config: EngineConfig
     requests: dict[str, Request] = field(default_factory=dict)
     finished_outside_step: list[RequestOutput] = field(default_factory=list)  # aborts
+    compiling: list[Request] = field(default_factory=list)  # waiting for their constraint to compile
     num_generated_tokens: int = 0
 
     def __post_init__(self) -> None:
@@ -55,6 +58,7 @@ class LLMEngine:
             self.scheduler, self._new_sequence, self.tokenizer, self.eos_token_ids, self.max_model_len
         )
         self.sampler = Sampler()
+        self.grammars = Grammars(self.tokenizer, self.model_config.vocab_size, self.eos_token_ids)
         logger.info(
             "engine ready: %s on %s (%s), max_model_len %d",
             path,
@@ -92,7 +96,12 @@ class LLMEngine:
         )
         request.sequences.append(self._new_sequence(request, 0))
         self.requests[request_id] = request
-        self.scheduler.add(request.sequences[0])
+        if params.structured is None:
+            self.scheduler.add(request.sequences[0])
+            return
+        request.grammar = self.grammars.compile(params.structured)
+        request.compile_deadline = time.monotonic() + self.config.grammar_compile_timeout
+        self.compiling.append(request)
 
     def _check_fits(self, request_id: str, token_ids: list[int], params: SamplingParams) -> None:
         if not token_ids:
@@ -127,6 +136,8 @@ class LLMEngine:
         request = self.requests.pop(request_id, None)
         if request is None:
             return False
+        if request in self.compiling:
+            self.compiling.remove(request)
         for seq in request.sequences:
             if not seq.is_finished:
                 self._finish(seq, "abort")
@@ -141,6 +152,7 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         outputs, self.finished_outside_step = self.finished_outside_step, []
+        outputs += self._admit_compiled()
         batch = self.scheduler.schedule()
         if not batch.sequences:
             return outputs
@@ -161,6 +173,37 @@ class LLMEngine:
                 del self.requests[output.request_id]
         return outputs + new
 
+    def _admit_compiled(self) -> list[RequestOutput]:
+        """Schedule the requests whose constraint has compiled; fail those whose constraint failed or
+        ran out of time. With nothing else to run, first wait a little for a compile to end."""
+        if not self.compiling:
+            return []
+        if not self.scheduler.running and not self.scheduler.waiting:
+            wait([r.grammar for r in self.compiling if r.grammar], timeout=0.05, return_when=FIRST_COMPLETED)
+        still, failed = [], []
+        for request in self.compiling:
+            future = request.grammar
+            assert future is not None
+            if future.done() and future.exception() is None:
+                request.sequences[0].matcher = future.result().fork()
+                self.scheduler.add(request.sequences[0])
+            elif future.done() or time.monotonic() > request.compile_deadline:
+                timeout = self.config.grammar_compile_timeout
+                late = f"the structured-output constraint took over {timeout:g} s to compile"
+                failed.append(self._fail(request, str(future.exception()) if future.done() else late))
+            else:
+                still.append(request)
+        self.compiling = still
+        return failed
+
+    def _fail(self, request: Request, error: str) -> RequestOutput:
+        logger.warning("request failed: %s", error, extra={"request_id": request.request_id})
+        del self.requests[request.request_id]
+        request.error, request.forked = error, True
+        for seq in request.sequences:
+            self._finish(seq, "abort")
+        return self._output(request, request.sequences)
+
     def _fork_new_samples(self, due: list[tuple[int, Sequence]]) -> list[tuple[int, Sequence]]:
         """Split a request's n samples off its first sequence once its prompt is computed. Takes and
         returns (logits row, sequence) pairs: the samples of one request share the prompt's row."""
@@ -173,6 +216,7 @@ class LLMEngine:
             request.forked = True
             for index in range(1, request.params.n):
                 child = self._new_sequence(request, index, seq.token_ids)
+                child.matcher = seq.matcher.fork() if seq.matcher else None
                 self.scheduler.fork(seq, child)
                 request.sequences.append(child)
                 rows.append((row, child))
@@ -185,9 +229,15 @@ class LLMEngine:
         row_ids = [row for row, _ in rows]
         if row_ids != list(range(len(logits))):
             logits = logits[torch.tensor(row_ids, device=logits.device)]
-        sampled = self.sampler(logits, [self._sampling_row(seq) for _, seq in rows])
+        matchers = [(i, seq.matcher) for i, (_, seq) in enumerate(rows) if seq.matcher]
+        masks = None
+        if matchers:
+            masks = ([i for i, _ in matchers], self.grammars.fill_bitmask([m for _, m in matchers]))
+        sampled = self.sampler(logits, [self._sampling_row(seq) for _, seq in rows], masks)
         now = time.monotonic()
         for i, (_, seq) in enumerate(rows):
+            if seq.matcher:
+                seq.matcher.accept(sampled.token_ids[i])
             self._append_token(seq, sampled.token_ids[i], sampled.logprobs[i], sampled.top_logprobs[i], now)
         return [self._output(request, seqs) for request, seqs in by_request(seq for _, seq in rows).items()]
 

@@ -63,6 +63,9 @@ class ModelRunner:
         self.dtype = resolve_dtype(config.dtype, model_config, self.device)
         self.block_size = config.block_size
         self.max_model_len = max_model_len
+        # Resolved now, so that a first-time build of the CPU kernels happens before the engine is ready.
+        self.kernel_backend = backend_for(self.device)
+        logger.info("kernels: %s", self.kernel_backend, extra={"kernel_backend": self.kernel_backend})
         self.model: LlamaForCausalLM = load_model(
             model_config, max_model_len, self.dtype, self.device, config.load_format
         )

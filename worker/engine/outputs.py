@@ -58,6 +58,7 @@ class RequestOutput:
     finished: bool
     metrics: RequestMetrics
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    error: str | None = None  # why the request failed (a constraint that did not compile); finished
 
     def extend(self, delta: "RequestOutput") -> None:
         """Fold an incremental output from ``LLMEngine.step`` into this accumulated one."""
@@ -72,3 +73,4 @@ class RequestOutput:
         self.metrics.token_times.extend(delta.metrics.token_times)
         self.metrics = replace(delta.metrics, token_times=self.metrics.token_times)
         self.num_cached_tokens = delta.num_cached_tokens
+        self.error = delta.error

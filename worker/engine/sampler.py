@@ -48,6 +48,23 @@ def _flat_index(lists: Sequence[list[int]], device: torch.device) -> tuple[torch
     return pairs[0], pairs[1]
 
 
+def apply_bitmask(logits: torch.Tensor, rows: list[int], bitmask: torch.Tensor) -> None:
+    """Structured outputs: in place on float32 ``logits``, -inf for each token a constrained row's grammar
+    refuses. ``bitmask[j]`` (int32 words, bit ``t % 32`` of word ``t // 32`` set = token t allowed) is the
+    grammar's for row ``rows[j]``; tokens past the bitmask's end are refused."""
+    dev, vocab = logits.device, logits.shape[1]
+    words = bitmask.pin_memory().to(dev, non_blocking=True) if dev.type == "cuda" else bitmask
+    bits = (words.unsqueeze(-1) >> torch.arange(32, dtype=torch.int32, device=dev)) & 1
+    allowed = bits.flatten(1)[:, :vocab].bool()
+    if allowed.shape[1] < vocab:
+        allowed = torch.nn.functional.pad(allowed, (0, vocab - allowed.shape[1]), value=False)
+    if len(rows) == logits.shape[0]:
+        logits.masked_fill_(~allowed, float("-inf"))
+    else:
+        idx = _to_device(rows, torch.long, dev)
+        logits[idx] = logits[idx].masked_fill(~allowed, float("-inf"))
+
+
 def apply_penalties(logits: torch.Tensor, rows: list[SamplingRow]) -> None:
     """Repetition (HF), presence and frequency (OpenAI) penalties, in place on float32 ``logits``."""
     idx = [i for i, r in enumerate(rows) if r.params.needs_penalties]
@@ -153,16 +170,25 @@ def _sample(x: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
 
 class Sampler:
     """Samples one token per row of ``logits`` ``[B, V]``; reports raw-distribution logprobs for the
-    rows whose params ask for them (``logprobs`` not None)."""
+    rows whose params ask for them (``logprobs`` not None). ``constrained`` (row indices and their
+    grammar bitmask, see ``apply_bitmask``) is applied first, before penalties and temperature."""
 
-    def __call__(self, logits: torch.Tensor, rows: list[SamplingRow]) -> SamplerOutput:
+    def __call__(
+        self,
+        logits: torch.Tensor,
+        rows: list[SamplingRow],
+        constrained: tuple[list[int], torch.Tensor] | None = None,
+    ) -> SamplerOutput:
         if len(rows) != logits.shape[0]:
             raise ValueError(f"{len(rows)} sampling rows for {logits.shape[0]} logit rows")
         if not rows:
             return SamplerOutput([], [], [])
         x = logits.float()
-        if any(r.params.needs_penalties or r.params.min_tokens for r in rows):
+        if constrained or any(r.params.needs_penalties or r.params.min_tokens for r in rows):
             x = x.clone() if x is logits else x  # never edit the caller's logits
+        if constrained:
+            apply_bitmask(x, *constrained)
+        if any(r.params.needs_penalties or r.params.min_tokens for r in rows):
             apply_penalties(x, rows)
             apply_min_tokens(x, rows)
         tokens = self._choose(x, rows)

@@ -14,7 +14,10 @@ from worker.engine.detokenizer import IncrementalDetokenizer
 from worker.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput, TokenLogprobs
 
 if TYPE_CHECKING:  # beam_search.py runs on sequences, so it imports this module
+    from concurrent.futures import Future
+
     from worker.engine.beam_search import BeamSearch
+    from worker.engine.grammar import Matcher
 
 
 class SequenceStatus(enum.Enum):
@@ -41,6 +44,8 @@ class Sequence:
     stop_reason: str | int | None = None
     detokenizer: IncrementalDetokenizer | None = None
     num_emitted_tokens: int = 0  # tokens (and their logprobs) already handed out by step()
+    # its place in its structured-output constraint; kept through preemption, as its tokens are
+    matcher: "Matcher | None" = None
 
     @property
     def num_tokens(self) -> int:
@@ -93,6 +98,9 @@ class Request:
     sequences: list[Sequence] = field(default_factory=list)
     forked: bool = False  # whether the n samples (or the beams) have been split off the first one
     beam: "BeamSearch | None" = None  # the search state of a beam-search request
+    grammar: "Future[Matcher] | None" = None  # its constraint compiling, until it is scheduled
+    compile_deadline: float = 0.0
+    error: str | None = None
 
     @property
     def is_finished(self) -> bool:
@@ -115,6 +123,7 @@ class Request:
             finished=self.is_finished,
             metrics=replace(self.metrics, token_times=new_times),
             num_cached_tokens=self.num_cached_tokens,
+            error=self.error,
         )
 
 

@@ -33,7 +33,7 @@ class RMSNorm(nn.Module):
         return rms_norm(x, self.weight, self.eps)
 
     def add_forward(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(norm(x + residual), x + residual)``, fused on GPU."""
+        """``(norm(x + residual), x + residual)``, fused on GPU and CPU."""
         return add_rms_norm(x, residual, self.weight, self.eps)
 
 
@@ -83,11 +83,22 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(config)
 
     def forward(
-        self, x: torch.Tensor, rotation: Rotation, kv_cache: KVCache, meta: AttentionMetadata
-    ) -> torch.Tensor:
-        attn = self.self_attn(self.input_layernorm(x), rotation, kv_cache, meta)
-        h, x = self.post_attention_layernorm.add_forward(attn, x)
-        return x + self.mlp(h)
+        self,
+        x: torch.Tensor,
+        residual: torch.Tensor | None,
+        rotation: Rotation,
+        kv_cache: KVCache,
+        meta: AttentionMetadata,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(mlp_out, residual)``: their sum is the layer's output. The next layer adds them in its fused
+        add + RMSNorm, one pass over the hidden states fewer per layer."""
+        if residual is None:
+            h, residual = self.input_layernorm(x), x
+        else:
+            h, residual = self.input_layernorm.add_forward(x, residual)
+        attn = self.self_attn(h, rotation, kv_cache, meta)
+        h, residual = self.post_attention_layernorm.add_forward(attn, residual)
+        return self.mlp(h), residual
 
 
 class LlamaForCausalLM(nn.Module):
@@ -111,9 +122,10 @@ class LlamaForCausalLM(nn.Module):
     ) -> torch.Tensor:
         """Hidden states of every new token, [T, hidden] (before the final norm)."""
         x, rotation = self.embed_tokens(input_ids), self.rotary(positions)
+        residual = None
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            x = layer(x, rotation, kv_cache, meta)
-        return x
+            x, residual = layer(x, residual, rotation, kv_cache, meta)
+        return x + residual
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(self.norm(hidden)).float()

@@ -6,6 +6,8 @@ import torch
 from transformers import PretrainedConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
+from kernels import rotate
+
 
 def inverse_frequencies(config: PretrainedConfig, head_dim: int) -> tuple[torch.Tensor, float]:
     rope = getattr(config, "rope_parameters", None) or {"rope_type": "default", "rope_theta": 10000.0}
@@ -46,5 +48,6 @@ class Rotation(NamedTuple):
     signed_sin: torch.Tensor
 
     def apply(self, x: torch.Tensor) -> torch.Tensor:
-        """Rotate ``x`` ``[T, heads, D]`` (queries and keys together, when they sit side by side)."""
-        return x * self.cos + x.roll(x.shape[-1] // 2, dims=-1) * self.signed_sin
+        """Rotate ``x`` ``[T, heads, D]`` (queries and keys together, when they sit side by side); the CPU
+        kernel rotates in place."""
+        return rotate(x, self.cos, self.signed_sin)

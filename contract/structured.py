@@ -1,0 +1,105 @@
+"""A structured-output constraint: the one form every entry point maps onto and the engine enforces.
+
+Exactly one kind is set, as in vLLM's ``structured_outputs``: ``json`` (a JSON schema), ``json_object``
+(any JSON object), ``regex``, ``choice`` (one of fixed strings) or ``grammar`` (Lark, or llama.cpp's
+GBNF). ``grammar_text`` turns it into llguidance's grammar; ``problem`` says why the library would
+refuse it, so the API refuses it at submission. llguidance is imported lazily: ``contract/`` stays
+importable without it, and only a request that carries a constraint needs it.
+"""
+
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, fields
+from functools import lru_cache
+from json import dumps
+from typing import Any, ClassVar
+
+# Compact JSON: without this a small model can fill max_tokens with whitespace between values.
+JSON_OPTIONS = {"whitespace_flexible": False}
+KINDS = ("json", "json_object", "regex", "choice", "grammar")
+
+
+@dataclass
+class StructuredOutput:
+    """Exactly one of: a JSON schema, any JSON object, a regex, a choice of strings, a grammar."""
+
+    # a plain dict, which pydantic reads as its config: contract/ needs no pydantic
+    __pydantic_config__: ClassVar[dict[str, str]] = {"extra": "forbid"}
+
+    json: dict[str, Any] | str | None = None
+    json_object: bool = False
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+
+    @property
+    def kinds(self) -> list[str]:
+        return [f.name for f in fields(self) if getattr(self, f.name) not in (None, False)]
+
+    @property
+    def key(self) -> str:
+        """The constraint's identity: equal constraints compile once."""
+        return dumps(asdict(self), sort_keys=True, ensure_ascii=False)
+
+
+def grammar_text(constraint: StructuredOutput) -> str:
+    """llguidance's grammar for ``constraint``; raises ``ValueError`` for a malformed one."""
+    return _grammar_text(constraint.key)
+
+
+def problem(constraint: StructuredOutput) -> str | None:
+    """Why the library refuses ``constraint`` (checked without a tokenizer), or None."""
+    if len(kinds := constraint.kinds) != 1:
+        return f"give exactly one of {', '.join(KINDS)}; got {', '.join(kinds) or 'none'}"
+    key = constraint.key
+    try:
+        key.encode()
+    except UnicodeEncodeError:
+        return "text must be valid Unicode: it contains a lone surrogate (\\ud800-\\udfff)"
+    if any("\x00" in text for text in _texts(asdict(constraint))):  # the database cannot store NUL
+        return "text must not contain NUL (\\u0000) characters"
+    return _problem(key)
+
+
+def _texts(value: Any) -> Iterator[str]:
+    """Every string in a JSON value, keys included."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield key
+            yield from _texts(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _texts(item)
+
+
+@lru_cache(maxsize=1024)
+def _problem(key: str) -> str | None:
+    from llguidance import LLMatcher
+
+    try:
+        text = _grammar_text(key)
+    except ValueError as error:
+        return str(error)
+    is_error, messages = LLMatcher.validate_grammar_with_warnings(text)
+    return messages[0] if is_error else None
+
+
+@lru_cache(maxsize=1024)
+def _grammar_text(key: str) -> str:
+    from json import loads
+
+    from llguidance import LLMatcher, grammar_from
+
+    c = StructuredOutput(**loads(key))
+    if c.json is not None:
+        return LLMatcher.grammar_from_json_schema(c.json, defaults=JSON_OPTIONS)  # type: ignore[arg-type]
+    if c.json_object:
+        return LLMatcher.grammar_from_json_schema({"type": "object"}, defaults=JSON_OPTIONS)  # type: ignore[arg-type]
+    if c.regex is not None:
+        return LLMatcher.grammar_from_regex(c.regex)
+    if c.choice is not None:
+        if not c.choice:
+            raise ValueError("choice must list at least one string")
+        return grammar_from("choice", c.choice)  # type: ignore[arg-type]
+    return grammar_from("grammar", c.grammar or "")

@@ -1,0 +1,136 @@
+"""The CPU kernels (``kernels/cpu_kernels.cpp``): built on first use with torch's cpp_extension, once per
+machine, and loaded as ``torch.ops.pagedq_cpu``; ``available()`` is False (and says why once, in the
+log) when they cannot be built, and the dispatcher then runs the torch reference.
+
+The build lives in ``~/.cache/pagedq/cpu_kernels/<key>`` (``PAGEDQ_CPU_KERNELS_DIR`` moves it), keyed
+by the source, torch's version and the CPU's flags: it is compiled with ``-march=native``, so a copy
+on another CPU must not be reused. Concurrent first uses wait on one build.
+"""
+
+import fcntl
+import functools
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import time
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from kernels import reference
+from kernels.metadata import AttentionMetadata
+
+logger = logging.getLogger("pagedq.kernels")
+
+SOURCE = Path(__file__).with_name("cpu_kernels.cpp")
+DIR_ENV = "PAGEDQ_CPU_KERNELS_DIR"
+# Sequences with at most this many new tokens attend in the C++ kernel; longer prefills use SDPA.
+IN_PLACE_MAX_QUERY = 16
+CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off"]
+
+
+def cpu_flags() -> str:
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return platform.processor()
+    return next((line.split(":", 1)[1].strip() for line in lines if line.startswith("flags")), "")
+
+
+def build_key() -> str:
+    return hashlib.sha256(f"{SOURCE.read_bytes()!r}{torch.__version__}{cpu_flags()}".encode()).hexdigest()[
+        :16
+    ]
+
+
+def build_dir() -> Path:
+    root = os.environ.get(DIR_ENV) or Path.home() / ".cache" / "pagedq" / "cpu_kernels"
+    return Path(root) / build_key()
+
+
+def add_ninja_to_path() -> None:
+    """cpp_extension runs ``ninja`` from PATH; the ``ninja`` wheel's sits in the venv's bin, which is not
+    on PATH when the venv's python is run without activating it."""
+    if shutil.which("ninja") is None:
+        import ninja
+
+        os.environ["PATH"] = os.pathsep.join([ninja.BIN_DIR, os.environ.get("PATH", "")])
+
+
+@functools.cache
+def available() -> bool:
+    """Whether ``torch.ops.pagedq_cpu`` is loaded: builds it on the first call of this process."""
+    from torch.utils import cpp_extension
+
+    start, where = time.perf_counter(), build_dir()
+    try:
+        add_ninja_to_path()
+        where.mkdir(parents=True, exist_ok=True)
+        # Our own lock, which the OS drops if its holder dies: cpp_extension's is a file that a build
+        # killed midway leaves behind, and every later process would wait on it forever.
+        with open(where.with_suffix(".lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            (where / "lock").unlink(missing_ok=True)
+            cpp_extension.load(
+                name=f"pagedq_cpu_kernels_{build_key()}",  # one name per source: reloading it is a no-op
+                sources=[str(SOURCE)],
+                extra_cflags=CFLAGS,
+                extra_ldflags=["-fopenmp"],
+                build_directory=str(where),
+                is_python_module=False,
+            )
+    except Exception as exc:  # a missing compiler, headers or a failed build: the reference runs instead
+        logger.warning(
+            "CPU kernels unavailable, running the torch reference: %s",
+            " ".join(str(exc).split())[:300],
+            extra={"build_dir": str(where)},
+        )
+        return False
+    logger.info(
+        "CPU kernels loaded in %.1f s",
+        time.perf_counter() - start,
+        extra={"build_dir": str(where)},
+    )
+    return True
+
+
+def paged_attention(
+    query: Tensor, k_cache: Tensor, v_cache: Tensor, meta: AttentionMetadata, scale: float
+) -> Tensor:
+    """The reference's contract (``kernels.reference.paged_attention``). Decodes and short prefill chunks
+    read their K/V blocks in place; longer prefills are gathered once and go through SDPA, whose
+    matmul-based attention is faster when many queries share the keys (the gather is then small)."""
+    reference.check_attention_shapes(query, k_cache, v_cache, meta)
+    out = torch.ops.pagedq_cpu.paged_attention(
+        query,
+        k_cache,
+        v_cache,
+        meta.block_tables,
+        meta.query_start_loc,
+        meta.seq_lens,
+        scale,
+        IN_PLACE_MAX_QUERY,
+    )
+    long_prefills = [seq for seq in meta.prefills if seq.end - seq.start > IN_PLACE_MAX_QUERY]
+    if long_prefills:
+        buffer = meta.gather_buffer(k_cache)
+        for seq in long_prefills:
+            k, v = reference.gather(k_cache, v_cache, seq.block_ids, 1, buffer)
+            out[seq.start : seq.end] = reference.prefill(query, k, v, seq, scale)
+    return out
+
+
+def add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    return torch.ops.pagedq_cpu.add_rms_norm(x, residual, weight, eps)
+
+
+def silu_and_mul(x: Tensor) -> Tensor:
+    return torch.ops.pagedq_cpu.silu_and_mul(x)
+
+
+def rotate(x: Tensor, cos: Tensor, signed_sin: Tensor) -> Tensor:
+    """Rotates ``x`` in place and returns it."""
+    return torch.ops.pagedq_cpu.rotate(x, cos, signed_sin)
