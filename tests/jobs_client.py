@@ -1,11 +1,14 @@
 """Helpers for driving the job service in tests: submit through the API, wait on job rows, read workers."""
 
+import base64
+import json
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import redis
 import uvicorn
 from fastapi.testclient import TestClient
 from sqlalchemy import select
@@ -13,6 +16,7 @@ from sqlalchemy import select
 from api.app import create_app
 from core.db import make_db_engine, make_sessionmaker
 from core.models import Job, Worker
+from core.queue import RUN_JOB_TASK, queue_name
 from core.settings import Settings
 from tests.services import Process, service_env, wait_for
 
@@ -81,3 +85,17 @@ def start_worker(settings: Settings, db: Database, log: Path, timeout: float = 1
         worker.kill()
         raise AssertionError("the worker did not start:\n" + worker.log()[-4000:]) from None
     return worker
+
+
+def job_messages(settings: Settings) -> list[str]:
+    """The job ids of the run-job messages waiting in the model's Redis queue, one per message (a
+    reconciler's probe, which travels in the same queue, is not a job message)."""
+    broker = redis.Redis.from_url(settings.resolved_broker_url)
+    ids: list[str] = []
+    for key in broker.scan_iter(queue_name(settings.served_model_name) + "*"):
+        for raw in broker.lrange(key, 0, -1):
+            message = json.loads(raw)
+            if message["headers"]["task"] == RUN_JOB_TASK:
+                args, _, _ = json.loads(base64.b64decode(message["body"]))
+                ids.extend(args)
+    return ids
