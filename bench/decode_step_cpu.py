@@ -1,7 +1,9 @@
 """One decode step of the default model on CPU: pagedq's C++ kernels, pagedq's torch reference, and
-transformers, interleaved in one process so that a shared machine's noise hits all three alike.
+transformers, and pagedq with quantized linears (``--quantized``), interleaved in one process so that a
+shared machine's noise hits them all alike.
 
     python -m bench.decode_step_cpu [--batches 1,16,64] [--context 256] [--iters 10] [--dtype float32]
+        [--quantized fp16,int8]
 
 A step: B sequences with ``--context`` tokens cached each, one new token each, up to the logits of
 all B. pagedq's two backends share one model and KV pool (``PAGEDQ_KERNEL_BACKEND`` is read on every
@@ -22,13 +24,17 @@ from kernels import AttentionMetadata, dispatch
 from worker.engine.default_model import ensure_default_model
 from worker.engine.model.loader import load_model
 from worker.engine.model.model_config import ModelConfig
+from worker.engine.model.quantize import quantize_linears
 
 BLOCK = 16
 
 
-def pagedq_step(path, batch: int, context: int, dtype: torch.dtype) -> Callable[[], object]:
+def pagedq_step(
+    path, batch: int, context: int, dtype: torch.dtype, quantization: str = "none"
+) -> Callable[[], object]:
     config = ModelConfig.from_pretrained(path)
     model = load_model(config, context + 64, dtype, torch.device("cpu"), "safetensors")
+    quantize_linears(model, quantization, torch.device("cpu"))
     per_seq = -(-(context + 1) // BLOCK)
     shape = (batch * per_seq + 1, BLOCK, config.num_kv_heads, config.head_dim)
     caches = [(torch.randn(shape).to(dtype), torch.randn(shape).to(dtype)) for _ in range(config.num_layers)]
@@ -96,13 +102,19 @@ def main() -> None:
     p.add_argument("--context", type=int, default=256)
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--quantized", default="fp16,int8", help="pagedq quantizations to add (cpu kernels)")
     args = p.parse_args()
     path, dtype = ensure_default_model(), getattr(torch, args.dtype)
     print(
         f"torch {torch.__version__}, threads {torch.get_num_threads()}, {args.dtype}, context {args.context}"
     )
-    print("| batch | pagedq cpu ms | pagedq torch ms | transformers ms | cpu / transformers | cpu / torch |")
-    print("| ---: | ---: | ---: | ---: | ---: | ---: |")
+    quantized = [q for q in args.quantized.split(",") if q]
+    names = ["cpu", "torch", "hf", *quantized]
+    ratios = [("cpu", "hf"), ("cpu", "torch")] + [(q, "hf") for q in quantized]
+    title = {"cpu": "pagedq cpu", "torch": "pagedq torch", "hf": "transformers"}
+    heads = [title.get(n, f"pagedq {n}") + " ms" for n in names] + [f"{a} / {b}" for a, b in ratios]
+    print(f"| batch | {' | '.join(heads)} |")
+    print("| ---: " * (len(heads) + 1) + "|")
     for batch in map(int, args.batches.split(",")):
         paged = pagedq_step(path, batch, args.context, dtype)
         steps = {
@@ -110,11 +122,13 @@ def main() -> None:
             "torch": with_backend("torch", paged),
             "hf": hf_step(path, batch, args.context, dtype),
         }
+        for q in quantized:
+            steps[q] = with_backend("cpu", pagedq_step(path, batch, args.context, dtype, q))
         t = measure(steps, args.iters)
         best = {name: min(v) for name, v in t.items()}
-        cells = [f"{best[n]:.1f} (med {statistics.median(t[n]):.1f})" for n in ("cpu", "torch", "hf")]
-        ratios = f"{best['cpu'] / best['hf']:.2f} | {best['cpu'] / best['torch']:.2f}"
-        print(f"| {batch} | {' | '.join(cells)} | {ratios} |")
+        cells = [f"{best[n]:.1f} (med {statistics.median(t[n]):.1f})" for n in names]
+        cells += [f"{best[a] / best[b]:.2f}" for a, b in ratios]
+        print(f"| {batch} | {' | '.join(cells)} |")
 
 
 if __name__ == "__main__":

@@ -44,7 +44,7 @@ SEED = 0
 HF_BASELINES = ("hf-sequential", "hf-static-16", "hf-static-64", "hf-continuous")
 # Not run by default: pagedq with the torch reference kernels, transformers in bfloat16, and llama.cpp
 # on the default model's own Q4_1 GGUF (after bench/setup_llama_cpp.sh).
-OTHER_BASELINES = ("pagedq-torch", "hf-static-16-bf16", "hf-static-64-bf16", "llama-server")
+OTHER_BASELINES = ("pagedq-torch", "pagedq-int8", "hf-static-16-bf16", "hf-static-64-bf16", "llama-server")
 LLAMA_DIR = (
     REPO / "bench" / ".llama.cpp"
 )  # bench/setup_llama_cpp.sh builds llama-server and fetches the GGUF here
@@ -197,7 +197,12 @@ class Run:
 
 
 def run_pagedq(
-    path: str, w: Workload, args: argparse.Namespace, prefix_caching: bool, backend: str | None = None
+    path: str,
+    w: Workload,
+    args: argparse.Namespace,
+    prefix_caching: bool,
+    backend: str | None = None,
+    quantization: str = "none",
 ) -> Run:
     from kernels import dispatch
     from worker.engine import LLM, SamplingParams
@@ -210,6 +215,7 @@ def run_pagedq(
         max_num_batched_tokens=args.max_num_batched_tokens,
         enable_prefix_caching=prefix_caching,
         kv_cache_bytes=int(args.kv_cache_gib * 2**30) if args.kv_cache_gib else None,
+        quantization=quantization,
     )
     greedy = lambda m: SamplingParams(temperature=0, max_tokens=m, ignore_eos=True)  # noqa: E731
     llm.generate([llm.chat_prompt([{"role": "user", "content": "Warm up."}])], greedy(4))
@@ -383,6 +389,7 @@ def run_system(system: str, path: str, w: Workload, args: argparse.Namespace) ->
         "hf-static-64-bf16": lambda: run_hf_static(path, w, 64, "bfloat16"),
         "hf-continuous": lambda: run_hf_continuous(path, w, args),
         "pagedq-torch": lambda: run_pagedq(path, w, args, prefix_caching=True, backend="torch"),
+        "pagedq-int8": lambda: run_pagedq(path, w, args, prefix_caching=True, quantization="int8"),
         "llama-server": lambda: run_llama_server(w, args),
     }
     return runners[system]()
@@ -466,14 +473,19 @@ def tok_per_s(result: dict[str, Any]) -> float:
 
 
 def same_as(result: dict[str, Any], ref: dict[str, Any]) -> str:
+    """Identical outputs, and the mean number of leading tokens each output shares with pagedq's."""
     pairs = list(zip(result["tokens"], ref["tokens"], strict=True))
-    return f"{sum(a == b for a, b in pairs)}/{len(pairs)}"
+    common = [
+        next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+        for a, b in pairs
+    ]
+    return f"{sum(a == b for a, b in pairs)}/{len(pairs)}, prefix {sum(common) / len(common):.1f}"
 
 
 def table(results: list[dict[str, Any]]) -> list[str]:
     lines = [
         "| system | useful tok/s | wall s | useful tok | generated tok | pagedq / system | peak RSS MiB "
-        "| same tokens as pagedq | other procs (cores) | notes |",
+        "| same tokens as pagedq (mean common prefix) | other procs (cores) | notes |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
     return lines + [row(r, results[0]) for r in results]
@@ -511,7 +523,7 @@ def describe(name: str, results: list[dict[str, Any]]) -> str:
 def target_line(name: str, results: list[dict[str, Any]]) -> str:
     ok = [r for r in results if "error" not in r]
     ref = next((r for r in ok if r["system"] == "pagedq"), None)
-    others = [r for r in ok if r["system"] != "pagedq"]
+    others = [r for r in ok if not r["system"].startswith("pagedq")]
     what = "prefix caching on / off" if name == "C" else "pagedq / best transformers mode"
     if ref is None or not others:
         return f"- target {name}: {what} >= {TARGETS[name]}x: n/a (nothing to compare)"

@@ -5,6 +5,7 @@
 # takes 10-20 minutes on 2 cores. Needs cmake and a C++ compiler. Usage: bench/setup_llama_cpp.sh [PYTHON]
 set -euo pipefail
 PY=${1:-.venv/bin/python}
+PY=$(cd "$(dirname "$PY")" && pwd)/$(basename "$PY")  # absolute: the steps below run in $DIR
 VERSION=0.3.36
 DIR=$(cd "$(dirname "$0")" && pwd)/.llama.cpp
 mkdir -p "$DIR/download"

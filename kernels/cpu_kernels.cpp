@@ -8,7 +8,12 @@
 #include <algorithm>
 #include <cmath>
 #include <tuple>
+#include <type_traits>
 #include <vector>
+
+#ifdef __AVX2__
+#include <immintrin.h>
+#endif
 
 namespace {
 
@@ -56,19 +61,121 @@ inline void score_pair(const float* q, const T* k0, const T* k1, float* s0, floa
   }
 }
 
-template <int G, typename T, typename Row>
-void score_all(const float* q, const T* k_cache, Row row, float* scores, int64_t num_keys, int64_t dim) {
-  float s0[G], s1[G];
-  int64_t j = 0;
-  for (; j + 1 < num_keys; j += 2) {
-    score_pair<G>(q, row(k_cache, j), row(k_cache, j + 1), s0, s1, dim);
+#ifdef __AVX2__
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const at::Half* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+inline __m256 load8(const at::BFloat16* p) {
+  const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+}
+
+// acc[g] += sum over the block's n value rows v_j of weights[g * row_len + j] * v_j, for G heads.
+// A slice of the head dimension stays in registers across the rows (G x C accumulators), so each
+// row is loaded once per slice and every FMA is independent; per element the sum runs over j in
+// order, as the scalar loop's. dim % (8 * C) == 0.
+template <int G, typename T>
+void add_values(const float* weights, int64_t row_len, const T* values, int64_t stride, int64_t n, float* acc,
+                int64_t dim) {
+  constexpr int C = G <= 3 ? 4 : 2;
+  for (int64_t d = 0; d < dim; d += 8 * C) {
+    __m256 a[G][C];
+    for (int g = 0; g < G; ++g)
+      for (int c = 0; c < C; ++c) a[g][c] = _mm256_loadu_ps(acc + g * dim + d + 8 * c);
+    for (int64_t j = 0; j < n; ++j) {
+      const T* v = values + j * stride + d;
+      __m256 w[G];
+      for (int g = 0; g < G; ++g) w[g] = _mm256_broadcast_ss(weights + g * row_len + j);
+      for (int c = 0; c < C; ++c) {
+        const __m256 x = load8(v + 8 * c);
+        for (int g = 0; g < G; ++g) a[g][c] = _mm256_fmadd_ps(w[g], x, a[g][c]);
+      }
+    }
+    for (int g = 0; g < G; ++g)
+      for (int c = 0; c < C; ++c) _mm256_storeu_ps(acc + g * dim + d + 8 * c, a[g][c]);
+  }
+}
+
+// Scores of G <= 3 query heads against 4 keys at once: G x 4 accumulators stay in registers, the 4 key
+// rows are loaded once per 8 lanes, and three horizontal adds turn each head's 4 sums into 4 scores.
+template <int G, typename T>
+void score_quad(const float* q, const T* keys, int64_t stride, float* scores, int64_t row_len, int64_t dim) {
+  __m256 a[G][4];
+  for (int g = 0; g < G; ++g)
+    for (int k = 0; k < 4; ++k) a[g][k] = _mm256_setzero_ps();
+  for (int64_t d = 0; d < dim; d += 8) {
+    __m256 x[4];
+    for (int k = 0; k < 4; ++k) x[k] = load8(keys + k * stride + d);
     for (int g = 0; g < G; ++g) {
-      scores[g * num_keys + j] = s0[g];
-      scores[g * num_keys + j + 1] = s1[g];
+      const __m256 qg = _mm256_loadu_ps(q + g * dim + d);
+      for (int k = 0; k < 4; ++k) a[g][k] = _mm256_fmadd_ps(qg, x[k], a[g][k]);
     }
   }
-  for (; j < num_keys; ++j)
-    for (int g = 0; g < G; ++g) scores[g * num_keys + j] = dot(q + g * dim, row(k_cache, j), dim);
+  for (int g = 0; g < G; ++g) {
+    const __m256 pairs = _mm256_hadd_ps(_mm256_hadd_ps(a[g][0], a[g][1]), _mm256_hadd_ps(a[g][2], a[g][3]));
+    const __m128 sums = _mm_add_ps(_mm256_castps256_ps128(pairs), _mm256_extractf128_ps(pairs, 1));
+    _mm_storeu_ps(scores + g * row_len, sums);
+  }
+}
+#endif
+
+// Scores of G query heads against the n keys of one cache block (rows `stride` elements apart).
+template <int G, typename T>
+void score_block(const float* q, const T* keys, int64_t stride, int64_t n, float* scores, int64_t row_len,
+                 int64_t dim) {
+  float s0[G], s1[G];
+  int64_t j = 0;
+#ifdef __AVX2__
+  if constexpr (G <= 3 && !std::is_same_v<T, double>)
+    for (; j + 3 < n; j += 4) score_quad<G>(q, keys + j * stride, stride, scores + j, row_len, dim);
+#endif
+  for (; j + 1 < n; j += 2) {
+    score_pair<G>(q, keys + j * stride, keys + (j + 1) * stride, s0, s1, dim);
+    for (int g = 0; g < G; ++g) {
+      scores[g * row_len + j] = s0[g];
+      scores[g * row_len + j + 1] = s1[g];
+    }
+  }
+  for (; j < n; ++j)
+    for (int g = 0; g < G; ++g) scores[g * row_len + j] = dot(q + g * dim, keys + j * stride, dim);
+}
+
+template <typename T>
+void score_any(const float* q, const T* keys, int64_t stride, int64_t n, float* scores, int64_t row_len,
+               int64_t group, int64_t dim) {
+  if (dim % 8 == 0) {
+    switch (group) {
+      case 1: return score_block<1>(q, keys, stride, n, scores, row_len, dim);
+      case 2: return score_block<2>(q, keys, stride, n, scores, row_len, dim);
+      case 3: return score_block<3>(q, keys, stride, n, scores, row_len, dim);
+      case 4: return score_block<4>(q, keys, stride, n, scores, row_len, dim);
+      default: break;
+    }
+  }
+  for (int64_t j = 0; j < n; ++j)
+    for (int64_t g = 0; g < group; ++g) scores[g * row_len + j] = dot(q + g * dim, keys + j * stride, dim);
+}
+
+
+template <typename T>
+void add_values_any(const float* weights, int64_t row_len, const T* values, int64_t stride, int64_t n,
+                    float* acc, int64_t group, int64_t dim) {
+#ifdef __AVX2__
+  if constexpr (!std::is_same_v<T, double>) {
+    if (dim % 32 == 0) {
+      switch (group) {
+        case 1: return add_values<1>(weights, row_len, values, stride, n, acc, dim);
+        case 2: return add_values<2>(weights, row_len, values, stride, n, acc, dim);
+        case 3: return add_values<3>(weights, row_len, values, stride, n, acc, dim);
+        case 4: return add_values<4>(weights, row_len, values, stride, n, acc, dim);
+        default: break;
+      }
+    }
+  }
+#endif
+  for (int64_t j = 0; j < n; ++j)
+    for (int64_t g = 0; g < group; ++g) axpy(weights[g * row_len + j], values + j * stride, acc + g * dim, dim);
 }
 
 struct Plan {  // the query rows to attend: row token[i] of sequence seq[i], at position[i] in it
@@ -94,6 +201,56 @@ Plan plan_tokens(const at::Tensor& query_start_loc, const at::Tensor& seq_lens, 
   return plan;
 }
 
+#ifdef __AVX2__
+// exp(x) for x <= 0 to about 2 ulp (Cephes' expf polynomial): e^x = 2^n * e^r, |r| <= ln(2) / 2.
+inline __m256 exp8(__m256 x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.3f));  // below it e^x is 0 in float32 anyway
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  for (const float c : {1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f})
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
+  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.f)));
+  const __m256i scale = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(scale));
+}
+
+inline float hsum8(__m256 v) {
+  const __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 q = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  return _mm_cvtss_f32(_mm_add_ss(q, _mm_movehdup_ps(q)));
+}
+#endif
+
+// s = softmax(s), in place.
+inline void softmax(float* s, int64_t n) {
+  float top = -INFINITY, total = 0.f;
+  int64_t j = 0;
+#ifdef __AVX2__
+  __m256 top8 = _mm256_set1_ps(-INFINITY);
+  for (; j + 8 <= n; j += 8) top8 = _mm256_max_ps(top8, _mm256_loadu_ps(s + j));
+  const __m128 h = _mm_max_ps(_mm256_castps256_ps128(top8), _mm256_extractf128_ps(top8, 1));
+  const __m128 q = _mm_max_ps(h, _mm_movehl_ps(h, h));
+  top = _mm_cvtss_f32(_mm_max_ss(q, _mm_movehdup_ps(q)));
+#endif
+  for (; j < n; ++j) top = std::max(top, s[j]);
+  j = 0;
+#ifdef __AVX2__
+  __m256 total8 = _mm256_setzero_ps();
+  for (; j + 8 <= n; j += 8) {
+    const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + j), _mm256_set1_ps(top)));
+    _mm256_storeu_ps(s + j, e);
+    total8 = _mm256_add_ps(total8, e);
+  }
+  total = hsum8(total8);
+#endif
+  for (; j < n; ++j) total += (s[j] = std::exp(s[j] - top));
+  const float inv = 1.f / total;
+  for (j = 0; j < n; ++j) s[j] *= inv;
+}
+
 // One query token and one kv head: its `group` query heads attend keys 0..position of its sequence,
 // reading each key and value row once, straight from its cache block.
 template <typename T>
@@ -109,34 +266,17 @@ void attend(const T* query, const T* k_cache, const T* v_cache, const int64_t* t
     q[i] = static_cast<float>(query[i]) * scale;
     acc[i] = 0.f;
   }
-  auto row = [&](const T* cache, int64_t j) {
-    return cache + ((table[j / block_size] * block_size + j % block_size) * kv_heads + kv_head) * dim;
-  };
-  if (dim % 8 == 0 && group >= 1 && group <= 4) {
-    switch (group) {
-      case 1: score_all<1>(q, k_cache, row, scores, num_keys, dim); break;
-      case 2: score_all<2>(q, k_cache, row, scores, num_keys, dim); break;
-      case 3: score_all<3>(q, k_cache, row, scores, num_keys, dim); break;
-      default: score_all<4>(q, k_cache, row, scores, num_keys, dim); break;
-    }
-  } else {
-    for (int64_t j = 0; j < num_keys; ++j) {
-      const T* k = row(k_cache, j);
-      for (int64_t g = 0; g < group; ++g) scores[g * num_keys + j] = dot(q + g * dim, k, dim);
-    }
-  }
-  for (int64_t g = 0; g < group; ++g) {
-    float* s = scores + g * num_keys;
-    const float top = *std::max_element(s, s + num_keys);
-    float total = 0.f;
-    for (int64_t j = 0; j < num_keys; ++j) total += (s[j] = std::exp(s[j] - top));
-    const float inv = 1.f / total;
-    for (int64_t j = 0; j < num_keys; ++j) s[j] *= inv;
-  }
-  for (int64_t j = 0; j < num_keys; ++j) {
-    const T* v = row(v_cache, j);
-    for (int64_t g = 0; g < group; ++g) axpy(scores[g * num_keys + j], v, acc + g * dim, dim);
-  }
+  // Key j sits in block table[j / block_size], row j % block_size; walking block by block keeps
+  // integer division out of the inner loops.
+  const int64_t stride = kv_heads * dim;
+  auto block = [&](const T* cache, int64_t b) { return cache + (table[b] * block_size * kv_heads + kv_head) * dim; };
+  for (int64_t start = 0, b = 0; start < num_keys; start += block_size, ++b)
+    score_any(q, block(k_cache, b), stride, std::min(block_size, num_keys - start), scores + start, num_keys,
+              group, dim);
+  for (int64_t g = 0; g < group; ++g) softmax(scores + g * num_keys, num_keys);
+  for (int64_t start = 0, b = 0; start < num_keys; start += block_size, ++b)
+    add_values_any(scores + start, num_keys, block(v_cache, b), stride, std::min(block_size, num_keys - start),
+                   acc, group, dim);
   for (int64_t i = 0; i < group * dim; ++i) out[i] = static_cast<T>(acc[i]);
 }
 
@@ -165,15 +305,18 @@ at::Tensor paged_attention(const at::Tensor& query_in, const at::Tensor& k_cache
     const scalar_t* v = v_cache.data_ptr<scalar_t>();
     scalar_t* o = out.data_ptr<scalar_t>();
     const int64_t* table = tables.data_ptr<int64_t>();
-    at::parallel_for(0, rows * kv_heads, 1, [&](int64_t begin, int64_t end) {
+    // Dynamic scheduling: rows differ in length, and a static split leaves one thread waiting.
+    _Pragma("omp parallel num_threads(at::get_num_threads())")
+    {
       std::vector<float> scratch;
-      for (int64_t item = begin; item < end; ++item) {
+      _Pragma("omp for schedule(dynamic, 4)")
+      for (int64_t item = 0; item < rows * kv_heads; ++item) {
         const int64_t i = item / kv_heads, h = item % kv_heads;
         const int64_t offset = (plan.token[i] * heads + h * group) * dim;
         attend(q + offset, k, v, table + plan.seq[i] * width, o + offset, plan.position[i], group, dim,
                block_size, kv_heads, h, static_cast<float>(scale), scratch);
       }
-    });
+    }
   });
   return out;
 }

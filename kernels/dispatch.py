@@ -1,9 +1,9 @@
 """One interface to the kernels: Triton on CUDA tensors, the C++ CPU kernels on CPU tensors, the torch
 reference wherever those are not.
 
-``PAGEDQ_KERNEL_BACKEND`` picks: ``auto`` (the default: by the tensor's device), ``torch`` (the
-reference everywhere, e.g. to rule the kernels out), ``cpu`` (the CPU kernels on CPU tensors, the
-reference on others) or ``triton`` (everywhere; on CPU tensors only under ``TRITON_INTERPRET=1``,
+``PAGEDQ_KERNEL_BACKEND`` picks: ``auto`` (the default: by the tensor's device, the C++ kernels on CPU
+tensors, Triton on CUDA ones), ``torch`` (the reference everywhere, e.g. to rule the kernels out),
+``cpu`` (the CPU kernels on CPU tensors, the reference on others) or ``triton`` (everywhere; on CPU tensors only under ``TRITON_INTERPRET=1``,
 which is how the tests run the kernels without a GPU). The Triton modules are imported on first use,
 so a CPU engine never loads them; the CPU kernels are built on first use (``kernels/cpu.py``), and
 when they cannot be, ``auto`` and ``cpu`` run the reference.
@@ -26,12 +26,11 @@ def backend_for(device: torch.device) -> str:
     choice = os.environ.get(BACKEND_ENV, "auto")
     if choice not in BACKENDS:
         raise ValueError(f"{BACKEND_ENV} must be one of {', '.join(BACKENDS)}, got {choice!r}")
-    if choice == "auto":
-        # The C++ CPU kernels are opt-in until they beat the torch path (bench/RESULTS.md, issue 21).
-        return "triton" if device.type == "cuda" else "torch"
-    if choice == "cpu":
-        return "cpu" if device.type == "cpu" and cpu.available() else "torch"
-    return choice
+    if choice in ("torch", "triton"):
+        return choice
+    if device.type == "cpu":
+        return "cpu" if cpu.available() else "torch"
+    return "triton" if choice == "auto" and device.type == "cuda" else "torch"
 
 
 def write_kv(key: Tensor, value: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor) -> None:

@@ -25,17 +25,19 @@ def cpu_backend(monkeypatch):
     monkeypatch.setenv(dispatch.BACKEND_ENV, "cpu")
 
 
-def test_dispatch_picks_the_cpu_kernels_for_cpu_tensors_only_when_asked(monkeypatch):
-    cpu = torch.device("cpu")
+def test_dispatch_picks_the_cpu_kernels_for_cpu_tensors_by_default(monkeypatch):
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert dispatch.backend_for(cpu) == "cpu"
+    assert dispatch.backend_for(cuda) == "torch"  # the CPU kernels never take a GPU tensor
     monkeypatch.delenv(dispatch.BACKEND_ENV)
-    assert dispatch.backend_for(cpu) == "torch"  # opt-in until they are faster
+    assert dispatch.backend_for(cpu) == "cpu"
+    assert dispatch.backend_for(cuda) == "triton"
     monkeypatch.setenv(dispatch.BACKEND_ENV, "torch")
     assert dispatch.backend_for(cpu) == "torch"
 
 
 @pytest.mark.parametrize("block_size", [16, 32])
-@pytest.mark.parametrize("group", [1, 3])
+@pytest.mark.parametrize("group", [1, 3, 4])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_paged_attention_mixed_batch(block_size, group, dtype):
     check_mixed_batch(MIXED, block_size, group, dtype, ROUNDING[dtype])
