@@ -3,7 +3,7 @@ transformers, and pagedq with quantized linears (``--quantized``), interleaved i
 shared machine's noise hits them all alike.
 
     python -m bench.decode_step_cpu [--batches 1,16,64] [--context 256] [--iters 10] [--dtype float32]
-        [--quantized fp16,int8]
+        [--quantized fp16]
 
 A step: B sequences with ``--context`` tokens cached each, one new token each, up to the logits of
 all B. pagedq's two backends share one model and KV pool (``PAGEDQ_KERNEL_BACKEND`` is read on every
@@ -102,7 +102,7 @@ def main() -> None:
     p.add_argument("--context", type=int, default=256)
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    p.add_argument("--quantized", default="fp16,int8", help="pagedq quantizations to add (cpu kernels)")
+    p.add_argument("--quantized", default="fp16", help="pagedq quantizations to add (cpu kernels)")
     args = p.parse_args()
     path, dtype = ensure_default_model(), getattr(torch, args.dtype)
     print(

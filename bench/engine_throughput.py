@@ -44,7 +44,7 @@ SEED = 0
 HF_BASELINES = ("hf-sequential", "hf-static-16", "hf-static-64", "hf-continuous")
 # Not run by default: pagedq with the torch reference kernels, transformers in bfloat16, and llama.cpp
 # on the default model's own Q4_1 GGUF (after bench/setup_llama_cpp.sh).
-OTHER_BASELINES = ("pagedq-torch", "pagedq-int8", "hf-static-16-bf16", "hf-static-64-bf16", "llama-server")
+OTHER_BASELINES = ("pagedq-torch", "pagedq-fp16", "hf-static-16-bf16", "hf-static-64-bf16", "llama-server")
 LLAMA_DIR = (
     REPO / "bench" / ".llama.cpp"
 )  # bench/setup_llama_cpp.sh builds llama-server and fetches the GGUF here
@@ -389,7 +389,7 @@ def run_system(system: str, path: str, w: Workload, args: argparse.Namespace) ->
         "hf-static-64-bf16": lambda: run_hf_static(path, w, 64, "bfloat16"),
         "hf-continuous": lambda: run_hf_continuous(path, w, args),
         "pagedq-torch": lambda: run_pagedq(path, w, args, prefix_caching=True, backend="torch"),
-        "pagedq-int8": lambda: run_pagedq(path, w, args, prefix_caching=True, quantization="int8"),
+        "pagedq-fp16": lambda: run_pagedq(path, w, args, prefix_caching=True, quantization="fp16"),
         "llama-server": lambda: run_llama_server(w, args),
     }
     return runners[system]()

@@ -54,7 +54,7 @@ class Settings(BaseSettings):
     # The worker's engine: EngineConfig's knobs, with its defaults (contract/engine.py says why).
     device: str = ENGINE.device
     dtype: str = ENGINE.dtype
-    quantization: str = ENGINE.quantization  # CPU: fp16 or int8 linear weights
+    quantization: str = ENGINE.quantization  # fp16: CPU linears on float16 weights
     max_num_seqs: int = ENGINE.max_num_seqs
     max_num_batched_tokens: int = ENGINE.max_num_batched_tokens
     max_model_len: int | None = ENGINE.max_model_len

@@ -3,10 +3,10 @@ reference wherever those are not.
 
 ``PAGEDQ_KERNEL_BACKEND`` picks: ``auto`` (the default: by the tensor's device, the C++ kernels on CPU
 tensors, Triton on CUDA ones), ``torch`` (the reference everywhere, e.g. to rule the kernels out),
-``cpu`` (the CPU kernels on CPU tensors, the reference on others) or ``triton`` (everywhere; on CPU tensors only under ``TRITON_INTERPRET=1``,
-which is how the tests run the kernels without a GPU). The Triton modules are imported on first use,
-so a CPU engine never loads them; the CPU kernels are built on first use (``kernels/cpu.py``), and
-when they cannot be, ``auto`` and ``cpu`` run the reference.
+``cpu`` (the CPU kernels on CPU tensors, the reference on others) or ``triton`` (everywhere; on CPU
+tensors only under ``TRITON_INTERPRET=1``, which is how the tests run the kernels without a GPU). The
+Triton modules are imported on first use, so a CPU engine never loads them; the CPU kernels are built
+on first use (``kernels/cpu.py``), and when they cannot be, ``auto`` and ``cpu`` run the reference.
 """
 
 import os
