@@ -22,9 +22,9 @@ from transformers import AutoModelForCausalLM, DynamicCache
 
 from kernels import AttentionMetadata, dispatch
 from worker.engine.default_model import ensure_default_model
+from worker.engine.model.cpu_linears import pack_linears
 from worker.engine.model.loader import load_model
 from worker.engine.model.model_config import ModelConfig
-from worker.engine.model.quantize import quantize_linears
 
 BLOCK = 16
 
@@ -34,7 +34,7 @@ def pagedq_step(
 ) -> Callable[[], object]:
     config = ModelConfig.from_pretrained(path)
     model = load_model(config, context + 64, dtype, torch.device("cpu"), "safetensors")
-    quantize_linears(model, quantization, torch.device("cpu"))
+    pack_linears(model, quantization, torch.device("cpu"))
     per_seq = -(-(context + 1) // BLOCK)
     shape = (batch * per_seq + 1, BLOCK, config.num_kv_heads, config.head_dim)
     caches = [(torch.randn(shape).to(dtype), torch.randn(shape).to(dtype)) for _ in range(config.num_layers)]

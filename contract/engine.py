@@ -10,7 +10,7 @@ DEFAULT_MODEL = "smollm2-135m-instruct"  # the built-in model (worker/engine/def
 class EngineConfig:
     model: str = DEFAULT_MODEL
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16
-    # fp16: CPU linears on float16 weights (worker/engine/model/quantize.py): about twice as fast a
+    # fp16: CPU linears on float16 weights (worker/engine/model/cpu_linears.py): about twice as fast a
     # decode step, within about 2e-4 of float32 but not token for token. float32 weights stay the default.
     quantization: str = "none"  # none | fp16
     device: str = "auto"  # auto | cpu | cuda | cuda:N

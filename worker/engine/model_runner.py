@@ -13,10 +13,10 @@ import torch
 from contract.engine import EngineConfig
 from kernels import AttentionMetadata, backend_for, copy_blocks
 from worker.engine.cuda_graphs import DecodeGraphs
+from worker.engine.model.cpu_linears import pack_linears
 from worker.engine.model.llama import KVCache, LlamaForCausalLM
 from worker.engine.model.loader import load_model
 from worker.engine.model.model_config import ModelConfig
-from worker.engine.model.quantize import quantize_linears
 from worker.engine.scheduler import ScheduledBatch
 
 logger = logging.getLogger("pagedq.engine")
@@ -70,7 +70,7 @@ class ModelRunner:
         self.model: LlamaForCausalLM = load_model(
             model_config, max_model_len, self.dtype, self.device, config.load_format
         )
-        quantize_linears(self.model, config.quantization, self.device)
+        pack_linears(self.model, config.quantization, self.device)
         self.num_blocks = self._num_kv_blocks(model_config)
         self.kv_caches = self._allocate_kv_cache(model_config)
         self.graphs = self._capture_decode_graphs()
