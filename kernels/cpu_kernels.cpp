@@ -141,37 +141,35 @@ void score_block(const float* q, const T* keys, int64_t stride, int64_t n, float
     for (int g = 0; g < G; ++g) scores[g * row_len + j] = dot(q + g * dim, keys + j * stride, dim);
 }
 
+// Calls f(std::integral_constant<int, G>) for a GQA group of 1..4 heads and says whether it did: the
+// kernels unrolled per group size, with a generic loop for the rest.
+template <typename F>
+bool with_group(int64_t group, F&& f) {
+  switch (group) {
+    case 1: f(std::integral_constant<int, 1>{}); return true;
+    case 2: f(std::integral_constant<int, 2>{}); return true;
+    case 3: f(std::integral_constant<int, 3>{}); return true;
+    case 4: f(std::integral_constant<int, 4>{}); return true;
+    default: return false;
+  }
+}
+
 template <typename T>
 void score_any(const float* q, const T* keys, int64_t stride, int64_t n, float* scores, int64_t row_len,
                int64_t group, int64_t dim) {
-  if (dim % 8 == 0) {
-    switch (group) {
-      case 1: return score_block<1>(q, keys, stride, n, scores, row_len, dim);
-      case 2: return score_block<2>(q, keys, stride, n, scores, row_len, dim);
-      case 3: return score_block<3>(q, keys, stride, n, scores, row_len, dim);
-      case 4: return score_block<4>(q, keys, stride, n, scores, row_len, dim);
-      default: break;
-    }
-  }
+  auto unrolled = [&](auto G) { score_block<G()>(q, keys, stride, n, scores, row_len, dim); };
+  if (dim % 8 == 0 && with_group(group, unrolled)) return;
   for (int64_t j = 0; j < n; ++j)
     for (int64_t g = 0; g < group; ++g) scores[g * row_len + j] = dot(q + g * dim, keys + j * stride, dim);
 }
-
 
 template <typename T>
 void add_values_any(const float* weights, int64_t row_len, const T* values, int64_t stride, int64_t n,
                     float* acc, int64_t group, int64_t dim) {
 #ifdef __AVX2__
   if constexpr (!std::is_same_v<T, double>) {
-    if (dim % 32 == 0) {
-      switch (group) {
-        case 1: return add_values<1>(weights, row_len, values, stride, n, acc, dim);
-        case 2: return add_values<2>(weights, row_len, values, stride, n, acc, dim);
-        case 3: return add_values<3>(weights, row_len, values, stride, n, acc, dim);
-        case 4: return add_values<4>(weights, row_len, values, stride, n, acc, dim);
-        default: break;
-      }
-    }
+    auto unrolled = [&](auto G) { add_values<G()>(weights, row_len, values, stride, n, acc, dim); };
+    if (dim % 32 == 0 && with_group(group, unrolled)) return;
   }
 #endif
   for (int64_t j = 0; j < n; ++j)
