@@ -4,20 +4,18 @@ suit a decode step's few rows.
 - float32 (the default): oneDNN's blocked layout, through the op that torch's inductor uses for frozen
   CPU linears. The sums are float32 in a different order, so outputs differ from ``F.linear``'s in the
   last bits only, while steps of 1-16 rows run 1.3-3x faster and the vocabulary projection about 2x.
-- ``quantization="fp16"``: torch's dynamic quantization with float16 weights, which fbgemm widens to
-  float32 inside its packed GEMM: half the bytes, outputs within about 2e-4 of float32's. int8
-  (activations quantized per step) was measured faster still and left out: its outputs drift from
-  float32 within a few tokens and shift with the rows a step batches (bench/RESULTS.md).
+- ``quantization="fp16"``: float16 weights in fbgemm's packed layout (the kernels behind torch's dynamic
+  quantization), widened to float32 inside the GEMM, which computes in float32: half the bytes, outputs
+  within about 2e-4 of float32's. int8 (activations quantized per step) was measured faster still and
+  left out: its outputs drift from float32 within a few tokens and shift with the rows a step batches
+  (bench/RESULTS.md).
 
 The embedding stays as it is (a tied ``lm_head`` gets its own packed copy); other dtypes and devices
 keep ``nn.Linear``.
 """
 
-import warnings
-
 import torch
 from torch import nn
-from torch.ao.quantization import float16_dynamic_qconfig, quantize_dynamic
 
 
 class OneDNNLinear(nn.Module):
@@ -25,12 +23,23 @@ class OneDNNLinear(nn.Module):
 
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
-        self.out_features = linear.out_features
         self.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), 16)
         self.bias = None if linear.bias is None else linear.bias.detach()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+
+
+class Fp16Linear(nn.Module):
+    """``nn.Linear`` on float16 weights packed once for fbgemm."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        bias = None if linear.bias is None else linear.bias.detach()
+        self.packed = torch.ops.quantized.linear_prepack_fp16(linear.weight.detach(), bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.quantized.linear_dynamic_fp16(x, self.packed)
 
 
 def onednn_available() -> bool:
@@ -46,14 +55,9 @@ def pack_linears(model: nn.Module, quantization: str, device: torch.device) -> n
         )
     if device.type != "cpu" or dtype != torch.float32 or (quantization == "none" and not onednn_available()):
         return model
-    if quantization == "fp16":
-        with warnings.catch_warnings():  # torch flags its quantized modules for a future move to torchao
-            warnings.simplefilter("ignore", UserWarning)
-            return quantize_dynamic(
-                model, {nn.Linear: float16_dynamic_qconfig}, dtype=torch.float16, inplace=True
-            )
+    packed = Fp16Linear if quantization == "fp16" else OneDNNLinear
     for parent in list(model.modules()):
         for name, child in parent.named_children():
             if isinstance(child, nn.Linear):
-                setattr(parent, name, OneDNNLinear(child))
+                setattr(parent, name, packed(child))
     return model
