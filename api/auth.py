@@ -2,25 +2,26 @@
 
 Every route but ``/healthz`` (and the OpenAPI pages) resolves ``current_caller`` through an app-wide
 dependency (``api/app.py``), so no route can forget it. With auth off every caller is ``OPEN``: no key,
-sees everything, no limits, as before keys existed. ``Caller.owns`` is the one scoping rule: the lookup
-and list functions of jobs, batches, files and deliveries filter by it, so another key's object is a
-404 like a missing one.
+sees everything, no limits, as before keys existed. ``Caller.owns`` is the one scoping rule: the list
+functions of jobs, batches, files and deliveries filter by it, and ``Caller.find`` is the one lookup by
+id, so another key's object is a 404 like a missing one, and so is an expired one.
 """
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import timedelta
-from typing import TYPE_CHECKING, Annotated
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 from fastapi import Depends, Request
-from sqlalchemy import ColumnElement, or_, true, update
+from sqlalchemy import ColumnElement, or_, select, true, update
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
-from api.problems import Forbidden, Unauthenticated
+from api.problems import Forbidden, NotFound, Unauthenticated
 from core import keys
-from core.models import ApiKey, utcnow
+from core.models import ApiKey, Batch, File, Job, utcnow
 from core.settings import Settings
 
 if TYPE_CHECKING:
@@ -28,6 +29,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 OPEN_PATHS = ("/healthz", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json")
+Owned = TypeVar("Owned", Job, Batch, File)  # what a key owns and a route looks up by id
+LiveRule = Callable[[datetime], ColumnElement[bool]]  # core/retention.py: not yet expired at a time
 LAST_USED_EVERY = timedelta(minutes=1)  # last_used_at is written at most this often per key
 
 
@@ -58,6 +61,16 @@ class Caller:
     def owns(self, owner: ColumnElement[str | None]) -> ColumnElement[bool]:
         """The rows this caller may see: an admin every row, a user key those it created."""
         return true() if self.admin else owner == self.key_id
+
+    def find(
+        self, session: Session, model: type[Owned], object_id: str, live: LiveRule, *options: Any
+    ) -> Owned:
+        """The one lookup of a job, batch or file by id, for every route: one that has expired (not
+        ``live``), or that another key created, is as missing as one that never was."""
+        query = select(model).where(model.id == object_id, live(utcnow()), self.owns(model.key_id))
+        if (row := session.scalar(query.options(*options))) is None:
+            raise NotFound(model.__name__.lower(), object_id)
+        return row
 
 
 OPEN = Caller(key_id=None, admin=True)

@@ -25,7 +25,7 @@ from api.files import find as find_file
 from api.jobs import check_webhook_url
 from api.limits import check_active, check_sizes
 from api.openai_schemas import BatchIn, BatchOut
-from api.problems import Conflict, Invalid, NotFound, Unavailable
+from api.problems import Conflict, Invalid, Unavailable
 from core.batches import cancel_unfinished, tally
 from core.models import FRESH_RESULTS, Batch, File, new_batch_id, utcnow
 from core.retention import batch_live, deadline, file_due
@@ -164,12 +164,7 @@ def _job_rows(
 
 
 def find(session: Session, caller: Caller, batch_id: str) -> Batch:
-    """The one lookup of a batch by id, for every route: a batch that has expired, or that another key
-    created, is as missing as one that never was."""
-    live = select(Batch).where(Batch.id == batch_id, batch_live(utcnow()), caller.owns(Batch.key_id))
-    if (batch := session.scalar(live)) is None:
-        raise NotFound("batch", batch_id)
-    return batch
+    return caller.find(session, Batch, batch_id, batch_live)
 
 
 def get(service: Service, caller: Caller, batch_id: str) -> BatchOut:

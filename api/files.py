@@ -5,7 +5,7 @@ from sqlalchemy.orm import Session, defer
 
 from api.auth import Caller
 from api.deps import Service
-from api.problems import Conflict, Invalid, NotFound
+from api.problems import Conflict, Invalid
 from core.models import Batch, File, utcnow
 from core.retention import deadline, file_live
 from core.spec import storable
@@ -46,13 +46,7 @@ def store(
 
 
 def find(session: Session, caller: Caller, file_id: str, *, with_content: bool = False) -> File:
-    """The one lookup of a file by id, for every route: a file that has expired, or that another key
-    uploaded, is as missing as one that never was."""
-    query = select(File).where(File.id == file_id, file_live(utcnow()), caller.owns(File.key_id))
-    file = session.scalar(query if with_content else query.options(defer(File.content)))
-    if file is None:
-        raise NotFound("file", file_id)
-    return file
+    return caller.find(session, File, file_id, file_live, *(() if with_content else (defer(File.content),)))
 
 
 def get(service: Service, caller: Caller, file_id: str) -> File:

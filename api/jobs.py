@@ -141,12 +141,7 @@ def _earlier(session: Session, key: str, new: Job) -> Job:
 
 
 def find(session: Session, caller: Caller, job_id: str) -> Job:
-    """The one lookup of a job by id, for every route: a job that has expired, or that another key
-    created, is as missing as one that never was."""
-    live = select(Job).where(Job.id == job_id, job_live(utcnow()), caller.owns(Job.key_id))
-    if (job := session.scalar(live)) is None:
-        raise NotFound("job", job_id)
-    return job
+    return caller.find(session, Job, job_id, job_live)
 
 
 def get(service: Service, caller: Caller, job_id: str) -> Job:
