@@ -22,7 +22,6 @@ from transformers import AutoModelForCausalLM, DynamicCache
 
 from kernels import AttentionMetadata, dispatch
 from worker.engine.default_model import ensure_default_model
-from worker.engine.model.cpu_linears import pack_linears
 from worker.engine.model.loader import load_model
 from worker.engine.model.model_config import ModelConfig
 
@@ -33,8 +32,7 @@ def pagedq_step(
     path, batch: int, context: int, dtype: torch.dtype, quantization: str = "none"
 ) -> Callable[[], object]:
     config = ModelConfig.from_pretrained(path)
-    model = load_model(config, context + 64, dtype, torch.device("cpu"), "safetensors")
-    pack_linears(model, quantization, torch.device("cpu"))
+    model = load_model(config, context + 64, dtype, torch.device("cpu"), "safetensors", quantization)
     per_seq = -(-(context + 1) // BLOCK)
     shape = (batch * per_seq + 1, BLOCK, config.num_kv_heads, config.head_dim)
     caches = [(torch.randn(shape).to(dtype), torch.randn(shape).to(dtype)) for _ in range(config.num_layers)]

@@ -13,7 +13,6 @@ import torch
 from contract.engine import EngineConfig
 from kernels import AttentionMetadata, backend_for, copy_blocks
 from worker.engine.cuda_graphs import DecodeGraphs
-from worker.engine.model.cpu_linears import pack_linears
 from worker.engine.model.llama import KVCache, LlamaForCausalLM
 from worker.engine.model.loader import load_model
 from worker.engine.model.model_config import ModelConfig
@@ -68,9 +67,8 @@ class ModelRunner:
         self.kernel_backend = backend_for(self.device)
         logger.info("kernels: %s", self.kernel_backend, extra={"kernel_backend": self.kernel_backend})
         self.model: LlamaForCausalLM = load_model(
-            model_config, max_model_len, self.dtype, self.device, config.load_format
+            model_config, max_model_len, self.dtype, self.device, config.load_format, config.quantization
         )
-        pack_linears(self.model, config.quantization, self.device)
         self.num_blocks = self._num_kv_blocks(model_config)
         self.kv_caches = self._allocate_kv_cache(model_config)
         self.graphs = self._capture_decode_graphs()

@@ -46,18 +46,17 @@ def onednn_available() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
-def pack_linears(model: nn.Module, quantization: str, device: torch.device) -> nn.Module:
-    """``model`` with its linears repacked for the CPU (see the module's docstring); in place."""
+def pack_linears(model: nn.Module, quantization: str, device: torch.device) -> None:
+    """Repacks ``model``'s linears in place for the CPU (see the module's docstring)."""
     dtype = model.embed_tokens.weight.dtype
     if quantization != "none" and (device.type != "cpu" or dtype != torch.float32):
         raise ValueError(
             f"quantization={quantization!r} packs float32 weights on CPU, not {dtype} on {device}"
         )
     if device.type != "cpu" or dtype != torch.float32 or (quantization == "none" and not onednn_available()):
-        return model
+        return
     packed = Fp16Linear if quantization == "fp16" else OneDNNLinear
     for parent in list(model.modules()):
         for name, child in parent.named_children():
             if isinstance(child, nn.Linear):
                 setattr(parent, name, packed(child))
-    return model

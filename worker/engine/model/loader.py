@@ -6,6 +6,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from worker.engine.model.cpu_linears import pack_linears
 from worker.engine.model.llama import LlamaForCausalLM
 from worker.engine.model.model_config import ModelConfig
 
@@ -22,8 +23,14 @@ FUSED = {
 
 
 def load_model(
-    config: ModelConfig, max_positions: int, dtype: torch.dtype, device: torch.device, load_format: str
+    config: ModelConfig,
+    max_positions: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    load_format: str,
+    quantization: str = "none",
 ) -> LlamaForCausalLM:
+    """The model, filled and with its linears packed for the device (``cpu_linears.pack_linears``)."""
     default_dtype = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
@@ -36,6 +43,7 @@ def load_model(
         fill_random(model)
     else:
         fill_from_safetensors(model, config)
+    pack_linears(model, quantization, device)
     return model.eval().requires_grad_(False)
 
 
