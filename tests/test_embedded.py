@@ -46,7 +46,9 @@ def test_pagedq_up_runs_jobs_on_sqlite_and_they_survive_a_restart(tiny_llama: Pa
     process, client = start_up(settings, tmp_path / "up1.log")
     try:
         quick = client.post(
-            "/v1/jobs", json={"prompt": "hello", "max_tokens": 8}, headers={"Prefer": "wait=60"}
+            "/v1/jobs",
+            json={"prompt": "hello", "max_tokens": 8, "ignore_eos": True},
+            headers={"Prefer": "wait=60"},
         ).json()
         assert quick["status"] == "succeeded", quick
         assert quick["usage"]["completion_tokens"] == len(quick["timings"]["token_times_ms"]) == 8
