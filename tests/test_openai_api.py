@@ -79,7 +79,10 @@ def test_the_api_runs_as_several_processes(service: Settings, client: openai.Ope
     for i in range(6):  # the kernel spreads connections over both processes; each must serve them
         fresh = openai.OpenAI(base_url=str(client.base_url), api_key="unused", max_retries=0)
         completion = fresh.completions.create(
-            model=service.served_model_name, prompt=f"Count {i}", max_tokens=2
+            model=service.served_model_name,
+            prompt=f"Count {i}",
+            max_tokens=2,
+            extra_body={"ignore_eos": True},
         )
         assert completion.usage is not None and completion.usage.completion_tokens == 2
 
