@@ -76,6 +76,25 @@ def test_one_write_of_many_runs_finds_exactly_the_stale_ones(store: JobStore) ->
     assert [job.status for job in jobs] == ["running", "running", "running", "succeeded"]
 
 
+def test_a_result_written_beside_a_stale_one_keeps_its_token_times(store: JobStore) -> None:
+    """Two results in one flush, one from a run another took over: the executemany matches one row of
+    two, and the row it did write must not then be taken for lost (its times and its end would go)."""
+    ids = [add_job(store) for _ in range(2)]
+    runs = [store.claim(job_id, "w1") for job_id in ids]
+    assert all(run is not None for run in runs)
+    with store.sessions.begin() as session:
+        session.execute(update(Job).where(Job.id == ids[0]).values(attempt=Job.attempt + 1))
+    results = [
+        Progress(run.id, run.attempt, "done", 3, token_times_ms=[1.0, 2.0, 3.0], status=JobStatus.SUCCEEDED)
+        for run in runs
+        if run
+    ]
+
+    assert store.write(results) == {ids[0]}
+    job = get(store, ids[1])
+    assert (job.status, job.completion_tokens, job.token_times_ms) == ("succeeded", 3, [1.0, 2.0, 3.0])
+
+
 def test_orphan_with_a_pending_cancel_ends_cancelled_not_requeued(store: JobStore) -> None:
     job_id = add_job(store)
     store.claim(job_id, "gone")

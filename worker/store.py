@@ -206,10 +206,11 @@ class JobStore:
 
     @staticmethod
     def _write_one(session: Session, job_id: str, attempt: int, values: dict[str, Any]) -> bool:
+        # Still running, or already in the status these values set: the executemany that sent us here
+        # may have applied them, and a run it ended is not lost (its final token times must follow).
+        ours = {JobStatus.RUNNING, values.get("status", JobStatus.RUNNING)}
         statement = (
-            update(Job)
-            .where(Job.id == job_id, Job.attempt == attempt, Job.status == JobStatus.RUNNING)
-            .values(**values)
+            update(Job).where(Job.id == job_id, Job.attempt == attempt, Job.status.in_(ours)).values(**values)
         )
         return session.execute(statement).rowcount == 1
 
