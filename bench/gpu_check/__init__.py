@@ -3,7 +3,7 @@
     python -m bench.gpu_check [--steps 1-4] [--continue] [--copy-to DIR] [--dry-run] [--out FILE]
 
 On a CUDA machine it runs the steps of ``plan.STEPS`` in order, each in its own process under its own time
-limit (their limits sum to 25 minutes on an H100, none over 9), goes on past a failed step, and rewrites
+limit (together at most 25 minutes on an H100, none over 9), goes on past a failed step, and rewrites
 the results file after each one, so a run that is cut off still leaves what it measured; it ends with a
 summary table (step, result, figure, target, time). ``--steps`` runs some of them, and ``--continue`` adds
 them to the file's last run, so that a machine with a 10-minute limit per command runs the whole book in

@@ -24,9 +24,7 @@ def main() -> int:
         return child(args)
     steps = plan.select(args.steps)
     if not args.dry_run and machine.gpu_name() is None:
-        print(
-            "no NVIDIA GPU here (nvidia-smi finds none); --dry-run runs the steps on the CPU", file=sys.stderr
-        )
+        print("no NVIDIA GPU here (nvidia-smi finds none); --dry-run runs on the CPU", file=sys.stderr)
         return 2
     log = args.log or args.out.with_name("gpu-check.log")
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -95,21 +93,14 @@ def parse_args() -> argparse.Namespace:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--steps", default="all", help="which steps: all (default), or e.g. 1-4 or 5,7,8")
-    p.add_argument(
-        "--continue", dest="resume", action="store_true", help="add to the results file's last run"
-    )
-    p.add_argument(
-        "--dry-run", action="store_true", help="tiny sizes on the CPU: checks the runbook still runs"
-    )
+    p.add_argument("--continue", dest="resume", action="store_true", help="add to the file's last run")
+    p.add_argument("--dry-run", action="store_true", help="tiny sizes on the CPU: the runbook still runs")
     p.add_argument("--out", type=Path, default=REPO / "bench" / "RESULTS-gpu.md", help="the results file")
     p.add_argument("--log", type=Path, help="every step's output (default: gpu-check.log beside --out)")
-    p.add_argument(
-        "--copy-to", type=Path, help="a folder that gets the results file and the log after each step"
-    )
+    p.add_argument("--copy-to", type=Path, help="a folder that gets the results and the log after each step")
     p.add_argument("--wheels", type=Path, default=gpu_wheels.WHEELS, help="where `make gpu-wheels` put them")
-    p.add_argument(
-        "--child", help=argparse.SUPPRESS
-    )  # internal: one step, "module:function", in this process
+    # Internal: run one step ("module:function") in this process.
+    p.add_argument("--child", help=argparse.SUPPRESS)
     p.add_argument("--workdir", help=argparse.SUPPRESS)
     p.add_argument("--outcome", help=argparse.SUPPRESS)
     p.add_argument("--deadline", type=float, help=argparse.SUPPRESS)
