@@ -12,6 +12,8 @@ FROM python:3.11-slim
 ARG TORCH_VERSION=2.13.0
 ARG TORCH_INDEX_URL=https://pypi.org/simple
 ARG FETCH_DEFAULT_MODEL=1
+# pyproject's extras to install: the CUDA image sets `gpu` (Triton, which the GPU kernels need).
+ARG EXTRAS=
 
 ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PAGEDQ_HOST=0.0.0.0 \
     PAGEDQ_CACHE_DIR=/var/cache/pagedq PAGEDQ_DATA_DIR=/var/lib/pagedq TRITON_CACHE_DIR=/var/cache/triton
@@ -28,7 +30,7 @@ COPY api ./api
 COPY worker ./worker
 COPY kernels ./kernels
 COPY migrations ./migrations
-RUN pip install .
+RUN pip install ".${EXTRAS:+[$EXTRAS]}"
 
 # The data dir (the generated webhook secret) and Triton's kernel cache are volumes in docker-compose.yml;
 # made here so a new named volume starts out owned by the pagedq user. Owned before the model is written

@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup run test lint bench
+.PHONY: setup run test lint bench gpu-check gpu-wheels
 setup: $(VENV)/.installed /usr/bin/chromium
 
 # torch is pinned first: 2.13.0 is the CPU build on these machines; any CUDA build works on a GPU box.
@@ -37,3 +37,13 @@ test: lint
 
 bench: setup
 	$(PY) bench/engine_throughput.py
+
+# The GPU runbook (README, "On a GPU"): `make gpu-check STEPS=1-4`, `make gpu-check ARGS=--dry-run`.
+# A bare GPU machine has no venv: the python on PATH runs it there.
+GPU_PY = $(if $(wildcard $(PY)),$(PY),python3)
+gpu-check:
+	$(GPU_PY) -m bench.gpu_check $(if $(STEPS),--steps $(STEPS)) $(ARGS)
+
+# What the GPU machines lack, as CPython 3.12 wheels in .gpu-wheels/ (ignored), to carry with the tree.
+gpu-wheels: setup
+	$(PY) bench/gpu_wheels.py

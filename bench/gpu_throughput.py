@@ -1,7 +1,7 @@
 """GPU throughput of pagedq on a Llama-3.1-8B-shaped model with random weights, against transformers.
 
     python bench/gpu_throughput.py [--systems pagedq,hf-static-32,hf-static-64,hf-static-128,hf-continuous]
-        [--model DIR] [--num-requests 1000] [--tiny]
+        [--model DIR] [--num-requests 1000] [--hf-requests N] [--tiny]
 
 (a) offline: 1,000 requests, prompts of 512-1,536 random token ids, 64-192 new tokens each (seed 0,
     greedy, EOS ignored); useful output tokens per second.
@@ -10,6 +10,8 @@
     copy bandwidth, measured with a large torch copy (bytes read + written per second).
 (c) the same workload through transformers: static batches of 32, 64 and 128 left-padded requests,
     each run for its longest request's tokens, and its continuous batching manager where it runs.
+    ``--hf-requests N`` gives them the workload's first N requests only (the requests' lengths are drawn
+    independently, so N of them are a fair sample; the GPU runbook uses 256 to fit its time limit).
 Targets: decode@256 <= 1.3x bound, decode@1 <= 1.5x bound, offline >= 5x the best static batch.
 
 Weights are random (``load_format="dummy"`` for pagedq, transformers' own init for it), so only
@@ -166,6 +168,7 @@ def run_pagedq(path: str, sizes: Sizes, args: argparse.Namespace) -> dict[str, A
     wall = time.perf_counter() - start
     useful = sum(len(o.outputs[0].token_ids) for o in outs)
     result = {"offline_tok_s": useful / wall, "offline_wall_s": wall, "output_tokens": useful}
+    result["requests"] = len(prompts)
     result |= {"bandwidth_gb_s": bandwidth / 1e9, "decode": decode_steps(llm, sizes, bandwidth, greedy)}
     return result
 
@@ -217,9 +220,14 @@ def load_hf(path: str, tiny: bool) -> Any:
     return model.eval()
 
 
+def hf_workload(sizes: Sizes, vocab: int, args: argparse.Namespace) -> tuple[list[list[int]], list[int]]:
+    prompts, max_tokens = workload(sizes, vocab)
+    return prompts[: args.hf_requests], max_tokens[: args.hf_requests]
+
+
 def run_hf_static(path: str, sizes: Sizes, args: argparse.Namespace, batch_size: int) -> dict[str, Any]:
     model = load_hf(path, args.tiny)
-    prompts, max_tokens = workload(sizes, model.config.vocab_size)
+    prompts, max_tokens = hf_workload(sizes, model.config.vocab_size, args)
     hf_batch(model, prompts[:2], 4)  # warm-up
     sync()
     start, useful, generated = time.perf_counter(), 0, 0
@@ -228,7 +236,8 @@ def run_hf_static(path: str, sizes: Sizes, args: argparse.Namespace, batch_size:
         hf_batch(model, prompts[i : i + batch_size], max(wanted))
         useful, generated = useful + sum(wanted), generated + len(wanted) * max(wanted)
     wall = time.perf_counter() - start
-    return {"offline_tok_s": useful / wall, "offline_wall_s": wall, "generated_tokens": generated}
+    result = {"offline_tok_s": useful / wall, "offline_wall_s": wall, "generated_tokens": generated}
+    return result | {"requests": len(prompts)}
 
 
 def hf_batch(model: Any, prompts: list[list[int]], max_new: int) -> None:
@@ -255,7 +264,7 @@ def run_hf_continuous(path: str, sizes: Sizes, args: argparse.Namespace) -> dict
     from bench.engine_throughput import collect
 
     model = load_hf(path, args.tiny)
-    prompts, max_tokens = workload(sizes, model.config.vocab_size)
+    prompts, max_tokens = hf_workload(sizes, model.config.vocab_size, args)
     page = 256
     pages = sum(-(-(len(p) + m) // page) for p, m in zip(prompts, max_tokens, strict=True))
     blocks = {"num_blocks": pages + 2} if model.device.type == "cpu" else {}
@@ -274,7 +283,7 @@ def run_hf_continuous(path: str, sizes: Sizes, args: argparse.Namespace) -> dict
         results = collect(cbm, ids)
         wall = time.perf_counter() - start
     useful = sum(min(len(results[i]), m) for i, m in zip(ids, max_tokens, strict=True))
-    return {"offline_tok_s": useful / wall, "offline_wall_s": wall}
+    return {"offline_tok_s": useful / wall, "offline_wall_s": wall, "requests": len(prompts)}
 
 
 # --- the orchestrating parent ---
@@ -311,6 +320,7 @@ def spawn(system: str, model: str, args: argparse.Namespace) -> dict[str, Any]:
         str(args.max_num_batched_tokens),
     ]
     cmd += ["--tiny"] * args.tiny + (["--num-requests", str(args.num_requests)] if args.num_requests else [])
+    cmd += ["--hf-requests", str(args.hf_requests)] if args.hf_requests else []
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=args.timeout)
     for line in proc.stdout.splitlines():
@@ -320,10 +330,11 @@ def spawn(system: str, model: str, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def report(results: list[dict[str, Any]]) -> str:
-    lines = ["| system | output tok/s | wall s | error |", "| --- | ---: | ---: | --- |"]
+    lines = ["| system | requests | output tok/s | wall s | error |", "| --- | ---: | ---: | ---: | --- |"]
     for r in results:
         tok_s, wall = (f"{r[k]:.2f}" if k in r else "-" for k in ("offline_tok_s", "offline_wall_s"))
-        lines.append(f"| {r['system']} | {tok_s} | {wall} | {r.get('error', '')} |")
+        requests, error = r.get("requests", "-"), r.get("error", "")
+        lines.append(f"| {r['system']} | {requests} | {tok_s} | {wall} | {error} |")
     ours = next((r for r in results if r["system"] == "pagedq" and "error" not in r), None)
     if ours is None:
         return "\n".join(lines)
@@ -352,17 +363,18 @@ def targets(ours: dict[str, Any], results: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def parse_args() -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--systems", default=",".join(["pagedq", *HF_SYSTEMS]))
     p.add_argument("--model", help="a Hugging Face directory (config and tokenizer; weights are not read)")
     p.add_argument("--num-requests", type=int, help="default 1000 (12 with --tiny)")
+    p.add_argument("--hf-requests", type=int, help="transformers runs the first N requests (default: all)")
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-num-batched-tokens", type=int, default=8192)
     p.add_argument("--tiny", action="store_true", help="a tiny random Llama on the CPU: a smoke run")
     p.add_argument("--timeout", type=float, default=3600, help="seconds per system")
     p.add_argument("--only", help=argparse.SUPPRESS)  # internal: one system in this process
-    return p.parse_args()
+    return p.parse_args(argv)
 
 
 def main() -> None:

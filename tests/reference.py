@@ -9,8 +9,8 @@ from worker.engine import LLM, CompletionOutput
 
 
 class HFReference:
-    def __init__(self, path: Path, dtype: torch.dtype = torch.float32) -> None:
-        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
+    def __init__(self, path: Path, dtype: torch.dtype = torch.float32, device: str = "cpu") -> None:
+        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
 
     @torch.inference_mode()
     def greedy(
@@ -19,7 +19,7 @@ class HFReference:
         """Greedy continuation, one request at a time (no padding), and each chosen token's logprob."""
         config = self.model.generation_config
         out = self.model.generate(
-            torch.tensor([prompt_ids]),
+            torch.tensor([prompt_ids], device=self.model.device),
             do_sample=False,
             max_new_tokens=max_new_tokens,
             eos_token_id=config.eos_token_id if stop_at_eos else None,

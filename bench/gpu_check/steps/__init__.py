@@ -1,0 +1,1 @@
+"""One module per runbook step; each ``run(ctx)`` returns its ``Outcome`` and runs in its own process."""
