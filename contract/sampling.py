@@ -28,6 +28,8 @@ def param(default: Any, description: str) -> Any:
     return field(default=default, metadata={"description": description})
 
 
+MAX_N = 16  # the most samples or beams one request runs (a key's limit may be lower: PAGEDQ_KEY_MAX_N)
+
 Strings = Annotated[list[Annotated[str, MinLen(1)]], MaxLen(16)]
 TokenIds = Annotated[list[Annotated[int, Ge(0)]], MaxLen(16)]
 
@@ -58,9 +60,9 @@ class SamplingParams:
     logprobs: Annotated[int, Ge(0), Le(20)] | None = param(None, "top alternatives per token")
     skip_special_tokens: bool = param(True, "leave special tokens out of the text")
     include_stop_str_in_output: bool = param(False, "keep the stop string that ended the output")
-    n: Annotated[int, Ge(1), Le(16)] = param(1, "samples to return (beams to return with beam search)")
+    n: Annotated[int, Ge(1), Le(MAX_N)] = param(1, "samples to return (beams to return with beam search)")
     use_beam_search: bool = param(False, "beam search over best_of (default n) beams")
-    best_of: Annotated[int, Ge(2), Le(16)] | None = param(None, "beam width")
+    best_of: Annotated[int, Ge(2), Le(MAX_N)] | None = param(None, "beam width")
     length_penalty: Annotated[float, Ge(-10.0), Le(10.0)] = param(1.0, "beam score = logprob / len**this")
     early_stopping: bool | Literal["never"] = param(False, "beam search: stop at n finished beams")
     structured: StructuredOutput | None = field(
