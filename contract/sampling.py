@@ -112,26 +112,6 @@ BEAM_SEARCH_TAKES = frozenset(
 )
 
 
-# What a model's generation_config.json may set for the requests that leave it out (as vLLM does).
-MODEL_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
-
-
-def model_defaults(generation_config: dict[str, Any]) -> dict[str, Any]:
-    """The sampling defaults a model ships in its generation config; raises ``ContractError`` if the
-    contract would refuse them."""
-    found = {name: value for name in MODEL_DEFAULTS if (value := generation_config.get(name)) is not None}
-    SamplingParams(**found)
-    return found
-
-
-def with_model_defaults(params: dict[str, Any], given: set[str], model: dict[str, Any]) -> dict[str, Any]:
-    """``params`` with the model's defaults for what the request left out. Beam search is deterministic
-    and takes none of them."""
-    if params.get("use_beam_search"):
-        return params
-    return params | {name: value for name, value in model.items() if name not in given}
-
-
 @dataclass(frozen=True)
 class Problem:
     """One thing wrong with a request: the parameter at fault, and what is wrong in the client's terms."""
