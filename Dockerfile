@@ -11,13 +11,16 @@ FROM python:3.11-slim
 #   https://download.pytorch.org/whl/cpu     no CUDA: a fraction of the size
 ARG TORCH_VERSION=2.13.0
 ARG TORCH_INDEX_URL=https://pypi.org/simple
+# pagedq's extras: `gpu` (triton, for the Triton kernels) in the CUDA image, none in the CPU image.
+ARG EXTRAS=gpu
 ARG FETCH_DEFAULT_MODEL=1
 
 ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PAGEDQ_HOST=0.0.0.0 \
     PAGEDQ_CACHE_DIR=/var/cache/pagedq PAGEDQ_DATA_DIR=/var/lib/pagedq TRITON_CACHE_DIR=/var/cache/triton
 WORKDIR /app
 
-# Triton builds a small C helper and each kernel's launcher with the system's C compiler at run time.
+# Triton builds a small C helper and each kernel's launcher with the system's C compiler at run time, and
+# the CPU kernels (kernels/cpu.py) are built with it on first use.
 RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev && rm -rf /var/lib/apt/lists/*
 RUN pip install --index-url "$TORCH_INDEX_URL" "torch==$TORCH_VERSION"
 COPY pyproject.toml README.md ./
@@ -28,7 +31,7 @@ COPY api ./api
 COPY worker ./worker
 COPY kernels ./kernels
 COPY migrations ./migrations
-RUN pip install .
+RUN pip install ".${EXTRAS:+[$EXTRAS]}"
 
 # The data dir (the generated webhook secret) and Triton's kernel cache are volumes in docker-compose.yml;
 # made here so a new named volume starts out owned by the pagedq user. Owned before the model is written
