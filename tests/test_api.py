@@ -225,6 +225,7 @@ def test_concurrent_submissions_share_commits_and_each_is_published(
 # --- bad input ---
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(
     ("body", "status", "message"),
     [
@@ -250,6 +251,7 @@ def test_bad_input_is_a_4xx_that_says_what_is_wrong(
     assert all(set(item) == {"type", "loc", "msg"} for item in response.json()["detail"])
 
 
+@pytest.mark.fast
 def test_what_the_engine_would_refuse_is_a_422_at_submission_not_a_failed_job(
     client: TestClient, db: sessionmaker[Session], service_settings: Settings
 ) -> None:
@@ -265,6 +267,7 @@ def test_what_the_engine_would_refuse_is_a_422_at_submission_not_a_failed_job(
     assert _depth(service_settings) == 0
 
 
+@pytest.mark.fast
 def test_left_out_sampling_parameters_take_the_models_generation_config(
     service_settings: Settings, db: sessionmaker[Session], tmp_path: Path
 ) -> None:
@@ -290,6 +293,7 @@ def test_left_out_sampling_parameters_take_the_models_generation_config(
     assert params(beams) == (0.0, 1.0)  # beam search is deterministic: it takes no sampling defaults
 
 
+@pytest.mark.fast
 def test_too_long_prompt_names_the_numbers(client: TestClient) -> None:
     prompt_tokens = _submit(client)["usage"]["prompt_tokens"]
 
@@ -301,6 +305,7 @@ def test_too_long_prompt_names_the_numbers(client: TestClient) -> None:
     assert response.json()["detail"][0]["loc"] == ["body", "prompt"]
 
 
+@pytest.mark.fast
 def test_malformed_json_says_where(client: TestClient) -> None:
     response = client.post(
         "/v1/jobs", content=b'{"prompt": "a",', headers={"content-type": "application/json"}

@@ -11,6 +11,8 @@ import torch
 from worker.engine import LLM, SamplingParams
 from worker.engine.model import cpu_linears
 
+pytestmark = pytest.mark.fast
+
 REAL = torch.ops.mkldnn._linear_pointwise
 
 

@@ -21,6 +21,8 @@ from core.settings import Settings
 from core.states import JobStatus
 from tests.jobs_client import Database
 
+pytestmark = pytest.mark.fast
+
 JSON = {"content-type": "application/json"}
 SURROGATE = "\\ud800"  # as JSON escapes it: the parsed text holds a lone surrogate
 

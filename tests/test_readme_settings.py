@@ -10,6 +10,8 @@ import pytest
 from contract.engine import EngineConfig
 from core.settings import Settings
 
+pytestmark = pytest.mark.fast
+
 REPO = Path(__file__).resolve().parent.parent
 CODE = ("api", "contract", "core", "kernels", "pagedq", "worker")
 

@@ -24,6 +24,8 @@ from contract.sampling import ContractError, SamplingParams, hints
 from contract.sampling_defaults import model_defaults
 from core.spec import JobSpec, SamplingSpec
 
+pytestmark = pytest.mark.fast
+
 MANY = settings(
     max_examples=1200, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
 )

@@ -41,6 +41,7 @@ def texts(llm: LLM, prompts: list[str], params: SamplingParams | None = None) ->
     return [out.outputs[0].text for out in llm.generate(prompts, params)]
 
 
+@pytest.mark.fast
 def test_the_library_fills_what_is_left_out_from_the_models_generation_config(llm: LLM) -> None:
     assert llm.sampling_params() == SamplingParams(temperature=0.0, top_p=0.5)
     given = llm.sampling_params(temperature=0.7, max_tokens=5)
