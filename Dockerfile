@@ -12,14 +12,15 @@ FROM python:3.11-slim
 ARG TORCH_VERSION=2.13.0
 ARG TORCH_INDEX_URL=https://pypi.org/simple
 ARG FETCH_DEFAULT_MODEL=1
-# pyproject's extras to install: the CUDA image sets `gpu` (Triton, which the GPU kernels need).
-ARG EXTRAS=
+# pyproject's extras: `gpu` (Triton, for the GPU kernels) in the CUDA image; the CPU image sets none.
+ARG EXTRAS=gpu
 
 ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PAGEDQ_HOST=0.0.0.0 \
     PAGEDQ_CACHE_DIR=/var/cache/pagedq PAGEDQ_DATA_DIR=/var/lib/pagedq TRITON_CACHE_DIR=/var/cache/triton
 WORKDIR /app
 
-# Triton builds a small C helper and each kernel's launcher with the system's C compiler at run time.
+# Triton builds a small C helper and each kernel's launcher with the system's C compiler at run time, and
+# the CPU kernels (kernels/cpu.py) are built with it on first use.
 RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev && rm -rf /var/lib/apt/lists/*
 RUN pip install --index-url "$TORCH_INDEX_URL" "torch==$TORCH_VERSION"
 COPY pyproject.toml README.md ./

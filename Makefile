@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup run test lint bench gpu-check gpu-wheels
+.PHONY: setup run test test-fast lint bench gpu-check gpu-wheels
 setup: $(VENV)/.installed /usr/bin/chromium
 
 # torch is pinned first: 2.13.0 is the CPU build on these machines; any CUDA build works on a GPU box.
@@ -34,6 +34,11 @@ lint: setup
 
 test: lint
 	$(PY) -m pytest -q
+
+# The tests marked `fast` (pyproject.toml): the contract, the engine core, the kernels' torch references
+# and API validation, in under 3 minutes; `make test` (what CI runs) is the whole suite.
+test-fast: lint
+	$(PY) -m pytest -q -m fast
 
 bench: setup
 	$(PY) bench/engine_throughput.py

@@ -12,8 +12,8 @@ from tokenizers import Tokenizer
 from transformers import AutoConfig, AutoTokenizer
 
 from api.piece_encoding import PieceEncoder
-from contract import context, sampling
-from contract.sampling import ContractError
+from contract import context
+from contract.sampling_defaults import generation_defaults
 from core.spec import JobSpec
 
 
@@ -58,15 +58,6 @@ def _drops_characters(pre_tokenizer: dict[str, Any] | None) -> bool:
     return pre_tokenizer["type"] in DROPPING or pre_tokenizer.get("behavior") == "Removed"
 
 
-def _sampling_defaults(model_dir: Path) -> dict[str, Any]:
-    """The sampling defaults in the model's generation_config.json, for requests that leave them out."""
-    path = model_dir / "generation_config.json"
-    try:
-        return sampling.model_defaults(json.loads(path.read_text()) if path.is_file() else {})
-    except ContractError as error:
-        raise ValueError(f"{path}: its sampling defaults are not valid requests: {error}") from None
-
-
 class PromptEncoder:
     """Tokenizes once, at submission: the worker runs the stored ids and never sees the text again.
 
@@ -76,7 +67,7 @@ class PromptEncoder:
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         config = AutoConfig.from_pretrained(model_dir).to_dict()
         self.context_length = context.max_model_len(config, max_model_len)  # prompt + output, as the engine
-        self.sampling_defaults = _sampling_defaults(model_dir)
+        self.sampling_defaults = generation_defaults(model_dir)
         fast = self.tokenizer.is_fast
         self._chats = PieceEncoder(self.tokenizer.backend_tokenizer) if fast else None
         per_token = max_chars_per_token(self.tokenizer.backend_tokenizer) if fast else None

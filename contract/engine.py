@@ -1,5 +1,6 @@
 """Every knob of the engine, in one flat dataclass, with the one set of defaults: the engine's as a library
-(``LLM(...)``) and the worker's (``core/settings.py`` takes its ``PAGEDQ_*`` defaults from here)."""
+(``LLM(...)``) and the worker's (``core/settings.py`` makes each field a ``PAGEDQ_*`` setting of the same
+name and default)."""
 
 from dataclasses import dataclass
 
@@ -27,9 +28,9 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     gpu_memory_utilization: float = 0.9
     kv_cache_bytes: int | None = None  # CPU KV budget; None picks a share of RAM
-    load_format: str = "safetensors"  # safetensors | dummy
+    load_format: str = "safetensors"  # safetensors | dummy (random weights of the model's shapes: benchmarks)
     enforce_eager: bool = False  # True: no CUDA graphs for decode steps (CPU always runs eagerly)
-    seed: int = 0
+    seed: int = 0  # the random weights' seed under load_format="dummy"
     # A structured-output constraint still compiling after this many seconds fails its request only.
     grammar_compile_timeout: float = 10.0
 

@@ -28,6 +28,8 @@ def param(default: Any, description: str) -> Any:
     return field(default=default, metadata={"description": description})
 
 
+MAX_N = 16  # the most samples or beams one request runs (a key's limit may be lower: PAGEDQ_KEY_MAX_N)
+
 Strings = Annotated[list[Annotated[str, MinLen(1)]], MaxLen(16)]
 TokenIds = Annotated[list[Annotated[int, Ge(0)]], MaxLen(16)]
 
@@ -58,9 +60,9 @@ class SamplingParams:
     logprobs: Annotated[int, Ge(0), Le(20)] | None = param(None, "top alternatives per token")
     skip_special_tokens: bool = param(True, "leave special tokens out of the text")
     include_stop_str_in_output: bool = param(False, "keep the stop string that ended the output")
-    n: Annotated[int, Ge(1), Le(16)] = param(1, "samples to return (beams to return with beam search)")
+    n: Annotated[int, Ge(1), Le(MAX_N)] = param(1, "samples to return (beams to return with beam search)")
     use_beam_search: bool = param(False, "beam search over best_of (default n) beams")
-    best_of: Annotated[int, Ge(2), Le(16)] | None = param(None, "beam width")
+    best_of: Annotated[int, Ge(2), Le(MAX_N)] | None = param(None, "beam width")
     length_penalty: Annotated[float, Ge(-10.0), Le(10.0)] = param(1.0, "beam score = logprob / len**this")
     early_stopping: bool | Literal["never"] = param(False, "beam search: stop at n finished beams")
     structured: StructuredOutput | None = field(
@@ -108,26 +110,6 @@ BEAM_SEARCH_TAKES = frozenset(
     {"max_tokens", "temperature", "seed", "stop_token_ids", "ignore_eos", "skip_special_tokens"}
     | {"include_stop_str_in_output", "n", "use_beam_search", "best_of", "length_penalty", "early_stopping"}
 )
-
-
-# What a model's generation_config.json may set for the requests that leave it out (as vLLM does).
-MODEL_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
-
-
-def model_defaults(generation_config: dict[str, Any]) -> dict[str, Any]:
-    """The sampling defaults a model ships in its generation config; raises ``ContractError`` if the
-    contract would refuse them."""
-    found = {name: value for name in MODEL_DEFAULTS if (value := generation_config.get(name)) is not None}
-    SamplingParams(**found)
-    return found
-
-
-def with_model_defaults(params: dict[str, Any], given: set[str], model: dict[str, Any]) -> dict[str, Any]:
-    """``params`` with the model's defaults for what the request left out. Beam search is deterministic
-    and takes none of them."""
-    if params.get("use_beam_search"):
-        return params
-    return params | {name: value for name, value in model.items() if name not in given}
 
 
 @dataclass(frozen=True)

@@ -2,22 +2,32 @@
 
 from dataclasses import fields
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal, get_type_hints
 
-from pydantic import model_validator
+from pydantic import create_model, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from contract.engine import EngineConfig
-
-ENGINE = EngineConfig()  # the engine's defaults are the worker's
+from contract.sampling import MAX_N
 
 
 def default_data_dir() -> Path:
     return Path.home() / ".local" / "share" / "pagedq"
 
 
-class Settings(BaseSettings):
-    """One flat set of knobs. The defaults are the embedded mode: SQLite and a broker on local disk."""
+def _engine_knobs() -> dict[str, Any]:
+    """Every ``EngineConfig`` field as a setting of the same name, type and default (``PAGEDQ_MAX_NUM_SEQS``
+    is ``max_num_seqs``): the engine owns its knobs, their defaults and the reasons for them."""
+    hints = get_type_hints(EngineConfig)
+    return {knob.name: (hints[knob.name], knob.default) for knob in fields(EngineConfig)}
+
+
+EngineSettings = create_model("EngineSettings", __base__=BaseSettings, **_engine_knobs())
+
+
+class Settings(EngineSettings):
+    """One flat set of knobs: the worker's engine (``EngineSettings``, from ``EngineConfig``), then the
+    service's. The defaults are the embedded mode: SQLite and a broker on local disk."""
 
     model_config = SettingsConfigDict(env_prefix="PAGEDQ_", extra="ignore")
 
@@ -25,7 +35,6 @@ class Settings(BaseSettings):
     data_dir: Path = default_data_dir()
     database_url: str = ""  # default: sqlite:///<data_dir>/pagedq.db
     broker_url: str = ""  # default: filesystem://<data_dir>/broker (no server)
-    model: str = ENGINE.model  # a Hugging Face directory or the built-in default
     log_level: str = "INFO"
     log_format: Literal["auto", "json", "text"] = "auto"  # auto: text lines on a terminal, else JSON lines
 
@@ -48,22 +57,8 @@ class Settings(BaseSettings):
     key_requests_per_second: float = 50.0  # submissions (jobs, completions, /generate, batches) per second
     key_tokens_per_minute: int = 2_000_000  # prompt tokens + max_tokens of online submissions per minute
     key_max_tokens: int | None = None  # the largest max_tokens a key may ask for; default: the context's
-    key_max_n: int = 16  # the largest n (or beam width) a key may ask for
+    key_max_n: int = MAX_N  # the largest n (or beam width) a key may ask for
     key_max_prompt_tokens: int | None = None  # the longest prompt a key may send; default: the context's
-
-    # The worker's engine: EngineConfig's knobs, with its defaults (contract/engine.py says why).
-    device: str = ENGINE.device
-    dtype: str = ENGINE.dtype
-    quantization: str = ENGINE.quantization  # fp16: CPU linears on float16 weights
-    max_num_seqs: int = ENGINE.max_num_seqs
-    max_num_batched_tokens: int = ENGINE.max_num_batched_tokens
-    max_model_len: int | None = ENGINE.max_model_len
-    block_size: int = ENGINE.block_size
-    enable_prefix_caching: bool = ENGINE.enable_prefix_caching
-    gpu_memory_utilization: float = ENGINE.gpu_memory_utilization
-    kv_cache_bytes: int | None = ENGINE.kv_cache_bytes
-    enforce_eager: bool = ENGINE.enforce_eager  # CUDA: no graph capture of decode steps
-    grammar_compile_timeout: float = ENGINE.grammar_compile_timeout  # a constraint compiling longer fails
 
     # Webhooks (Standard Webhooks), sent by ``pagedq webhooks`` from their own queue.
     webhook_url: str = ""  # a global endpoint for every event; jobs and batches may name their own
@@ -138,9 +133,8 @@ class Settings(BaseSettings):
         return Path(self.model.rstrip("/")).name
 
     def engine_config(self) -> EngineConfig:
-        """The worker's engine: every EngineConfig knob that is a setting; the rest keep their defaults."""
-        knobs = {knob.name for knob in fields(EngineConfig)} & set(Settings.model_fields)
-        return EngineConfig(**self.model_dump(include=knobs))
+        """The worker's engine, as these settings configure it."""
+        return EngineConfig(**self.model_dump(include={knob.name for knob in fields(EngineConfig)}))
 
     @property
     def jobs_held_per_worker(self) -> int:

@@ -23,7 +23,7 @@ from pydantic import (
 )
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from contract import sampling
+from contract import sampling, sampling_defaults
 from contract.sampling import ContractError, SamplingParams
 from core.webhooks import JobEvent
 
@@ -85,7 +85,7 @@ class _Sampling(BaseModel):
         """The keyword arguments of the engine's ``SamplingParams``; with ``model_defaults`` (the model's
         generation config), those replace the contract's defaults for what the request left out."""
         params = self.model_dump(include=set(sampling.hints()))
-        return sampling.with_model_defaults(params, self.model_fields_set, model_defaults or {})
+        return sampling_defaults.with_model_defaults(params, self.model_fields_set, model_defaults or {})
 
 
 SamplingSpec = create_model(

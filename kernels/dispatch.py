@@ -5,10 +5,14 @@ reference wherever those are not.
 tensors, Triton on CUDA ones), ``torch`` (the reference everywhere, e.g. to rule the kernels out),
 ``cpu`` (the CPU kernels on CPU tensors, the reference on others) or ``triton`` (everywhere; on CPU
 tensors only under ``TRITON_INTERPRET=1``, which is how the tests run the kernels without a GPU). The
-Triton modules are imported on first use, so a CPU engine never loads them; the CPU kernels are built
-on first use (``kernels/cpu.py``), and when they cannot be, ``auto`` and ``cpu`` run the reference.
+Triton modules are imported on first use, so a CPU engine never loads them, and triton is an optional
+dependency (the ``gpu`` extra): without it ``auto`` runs the reference on CUDA tensors too, and says so
+once. The CPU kernels are built on first use (``kernels/cpu.py``), and when they cannot be, ``auto`` and
+``cpu`` run the reference.
 """
 
+import functools
+import logging
 import os
 
 import torch
@@ -16,6 +20,8 @@ from torch import Tensor
 
 from kernels import cpu, reference
 from kernels.metadata import AttentionMetadata
+
+logger = logging.getLogger("pagedq.kernels")
 
 BACKEND_ENV = "PAGEDQ_KERNEL_BACKEND"
 BACKENDS = ("auto", "torch", "cpu", "triton")
@@ -26,11 +32,29 @@ def backend_for(device: torch.device) -> str:
     choice = os.environ.get(BACKEND_ENV, "auto")
     if choice not in BACKENDS:
         raise ValueError(f"{BACKEND_ENV} must be one of {', '.join(BACKENDS)}, got {choice!r}")
+    if choice == "triton" and not triton_installed():
+        raise RuntimeError(
+            f"{BACKEND_ENV}=triton needs triton, which is not installed: pip install 'pagedq[gpu]'"
+        )
     if choice in ("torch", "triton"):
         return choice
     if device.type == "cpu":
         return "cpu" if cpu.available() else "torch"
-    return "triton" if choice == "auto" and device.type == "cuda" else "torch"
+    return "triton" if choice == "auto" and device.type == "cuda" and triton_installed() else "torch"
+
+
+@functools.cache
+def triton_installed() -> bool:
+    """Whether triton imports; asked only where a CUDA tensor or ``PAGEDQ_KERNEL_BACKEND`` wants it."""
+    try:
+        import triton  # noqa: F401
+    except ImportError as error:
+        logger.warning(
+            "triton is not installed (pip install 'pagedq[gpu]'): no Triton kernels",
+            extra={"error": str(error)},
+        )
+        return False
+    return True
 
 
 def write_kv(key: Tensor, value: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor) -> None:

@@ -3,8 +3,9 @@
 import argparse
 import json
 import os
+from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pagedq.logs import configure_logging
 
@@ -33,11 +34,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     generate.add_argument("--chat", action="store_true", help="wrap each prompt in the model's chat template")
     generate.add_argument("--max-tokens", type=int, default=128)
-    generate.add_argument("--temperature", type=float, default=0.0)
-    generate.add_argument("--top-p", type=float, default=1.0)
-    generate.add_argument("--seed", type=int, default=None)
-    generate.add_argument("--device", default="auto")
-    generate.add_argument("--dtype", default="auto")
+    generate.add_argument("--temperature", type=float, help="default: the model's (generation_config.json)")
+    generate.add_argument("--top-p", type=float, help="default: the model's (generation_config.json)")
+    generate.add_argument("--seed", type=int)
+    generate.add_argument("--device", help="default: $PAGEDQ_DEVICE or the engine's (auto)")
+    generate.add_argument("--dtype", help="default: $PAGEDQ_DTYPE or the engine's (auto)")
     generate.add_argument("--json", action="store_true", help="print one JSON object per prompt")
     generate.set_defaults(func=run_generate)
 
@@ -128,14 +129,19 @@ def positive(text: str) -> int:
     return int(text)
 
 
+def given(options: dict[str, Any]) -> dict[str, Any]:
+    """The options given on the command line (an option left out is None)."""
+    return {name: value for name, value in options.items() if value is not None}
+
+
 def run_generate(args: argparse.Namespace) -> int:
     from core.settings import Settings
-    from worker.engine import LLM, SamplingParams
+    from worker.engine import LLM
 
-    llm = LLM(args.model or Settings().model, device=args.device, dtype=args.dtype)
-    params = SamplingParams(
-        temperature=args.temperature, top_p=args.top_p, max_tokens=args.max_tokens, seed=args.seed
-    )
+    engine = {"model": args.model, "device": args.device, "dtype": args.dtype}
+    llm = LLM(**asdict(Settings().engine_config()) | given(engine))
+    sampling = {"temperature": args.temperature, "top_p": args.top_p, "seed": args.seed}
+    params = llm.sampling_params(max_tokens=args.max_tokens, **given(sampling))
     if args.chat:
         outputs = llm.chat([[{"role": "user", "content": p}] for p in args.prompts], params, use_tqdm=True)
     else:

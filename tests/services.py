@@ -5,6 +5,7 @@ Every test gets a database of its own (cloned from a migrated template) and queu
 model directory, on Redis db ``TEST_REDIS_DB``, so concurrent runs do not disturb each other.
 """
 
+import asyncio
 import os
 import signal
 import socket
@@ -107,6 +108,18 @@ def wait_for(condition: Callable[[], object], timeout: float, what: str, interva
         if result := condition():
             return result
         time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+async def async_wait_for(
+    condition: Callable[[], object], timeout: float, what: str, interval: float = 0.01
+) -> object:
+    """``wait_for`` inside a coroutine: the event loop runs on between the polls."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if result := condition():
+            return result
+        await asyncio.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 

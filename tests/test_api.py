@@ -20,9 +20,10 @@ from transformers import AutoTokenizer
 
 from api.app import create_app
 from core.db import make_db_engine, make_sessionmaker
-from core.models import Job, TokenTimes, Worker, utcnow
+from core.models import Job, TokenTimes, Worker, time_ordered_id, utcnow
 from core.queue import make_celery, queue_depth, queue_name
 from core.settings import Settings
+from tests.services import wait_for
 
 PROMPT = "The quick brown fox jumps over the lazy dog."
 
@@ -88,6 +89,11 @@ def _set(
             for first, chunk in ((0, token_times_ms[:half]), (half, token_times_ms[half:])):
                 session.add(TokenTimes(job_id=job_id, attempt=attempt, first=first, times_ms=chunk))
         session.commit()
+
+
+def _job_ids(db: sessionmaker[Session]) -> list[str]:
+    with db() as session:
+        return list(session.scalars(select(Job.id)))
 
 
 def _messages(response: Any) -> str:
@@ -225,6 +231,7 @@ def test_concurrent_submissions_share_commits_and_each_is_published(
 # --- bad input ---
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(
     ("body", "status", "message"),
     [
@@ -250,6 +257,7 @@ def test_bad_input_is_a_4xx_that_says_what_is_wrong(
     assert all(set(item) == {"type", "loc", "msg"} for item in response.json()["detail"])
 
 
+@pytest.mark.fast
 def test_what_the_engine_would_refuse_is_a_422_at_submission_not_a_failed_job(
     client: TestClient, db: sessionmaker[Session], service_settings: Settings
 ) -> None:
@@ -265,6 +273,7 @@ def test_what_the_engine_would_refuse_is_a_422_at_submission_not_a_failed_job(
     assert _depth(service_settings) == 0
 
 
+@pytest.mark.fast
 def test_left_out_sampling_parameters_take_the_models_generation_config(
     service_settings: Settings, db: sessionmaker[Session], tmp_path: Path
 ) -> None:
@@ -290,6 +299,7 @@ def test_left_out_sampling_parameters_take_the_models_generation_config(
     assert params(beams) == (0.0, 1.0)  # beam search is deterministic: it takes no sampling defaults
 
 
+@pytest.mark.fast
 def test_too_long_prompt_names_the_numbers(client: TestClient) -> None:
     prompt_tokens = _submit(client)["usage"]["prompt_tokens"]
 
@@ -301,6 +311,7 @@ def test_too_long_prompt_names_the_numbers(client: TestClient) -> None:
     assert response.json()["detail"][0]["loc"] == ["body", "prompt"]
 
 
+@pytest.mark.fast
 def test_malformed_json_says_where(client: TestClient) -> None:
     response = client.post(
         "/v1/jobs", content=b'{"prompt": "a",', headers={"content-type": "application/json"}
@@ -362,7 +373,8 @@ def test_list_walks_pages_newest_first_without_duplicates(client: TestClient) ->
     created = []
     for _ in range(5):
         created.append(_submit(client)["id"])
-        time.sleep(0.002)  # ids order by millisecond
+        millisecond = created[-1].removeprefix("job_")[:12]  # ids order by it: the next is a later one
+        wait_for(lambda last=millisecond: time_ordered_id("")[:12] > last, 1, "the next millisecond", 0.001)
 
     pages, after = [], None
     while True:
@@ -447,11 +459,8 @@ def test_prefer_wait_returns_the_job_once_it_finishes(client: TestClient, db: se
     job_ids: list[str] = []
 
     def finish_soon() -> None:
-        while not job_ids:
-            with db() as session:
-                job_ids.extend(session.scalars(select(Job.id)))
-            time.sleep(0.01)
-        time.sleep(0.3)
+        job_ids.extend(wait_for(lambda: _job_ids(db), 10, "the submitted job", 0.01))
+        time.sleep(0.3)  # the job's run: the answer must wait for its end
         _set(db, job_ids[0], status="succeeded", output_text="done", finished_at=utcnow())
 
     finisher = threading.Thread(target=finish_soon)
@@ -486,10 +495,7 @@ def test_prefer_wait_that_runs_out_returns_the_job_as_it_is_then(
     job_ids: list[str] = []
 
     def start_running() -> None:
-        while not job_ids:
-            with db() as session:
-                job_ids.extend(session.scalars(select(Job.id)))
-            time.sleep(0.01)
+        job_ids.extend(wait_for(lambda: _job_ids(db), 10, "the submitted job", 0.01))
         _set(db, job_ids[0], status="running", attempt=1, output_text="The fox", started_at=utcnow())
 
     runner = threading.Thread(target=start_running)

@@ -1,8 +1,12 @@
 """The block pool: prefix hits, LRU eviction of cached blocks, copy-on-write, no leaks."""
 
+import pytest
+
 from contract.sampling import SamplingParams
 from worker.engine.block_manager import BlockManager
 from worker.engine.sequence import Request, Sequence
+
+pytestmark = pytest.mark.fast
 
 BS = 4
 

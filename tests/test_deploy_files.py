@@ -155,6 +155,18 @@ def test_the_image_pins_the_torch_the_tests_run() -> None:
     assert any('"torch==$TORCH_VERSION"' in run for run in instructions("RUN"))
 
 
+def test_only_the_cuda_image_installs_triton() -> None:
+    """triton is the ``gpu`` extra: the GPU worker's image installs it, the CPU image is a CPU install."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert not [dep for dep in project["dependencies"] if dep.startswith("triton")]
+    assert [dep for dep in project["optional-dependencies"]["gpu"] if dep.startswith("triton")]
+    [install] = [run for run in instructions("RUN") if re.match(r"pip install \S*\.", run)]
+    for name in PAGEDQ_SERVICES:
+        echo = install.replace("pip install", "printf %s", 1)
+        what = subprocess.run(["sh", "-c", echo], env=build_args(name), capture_output=True, text=True).stdout
+        assert what == (".[gpu]" if name == "worker" else "."), (name, what)
+
+
 def test_the_image_installs_a_c_compiler_for_triton() -> None:
     apt = next(run for run in instructions("RUN") if "apt-get install" in run)
     assert {"gcc", "libc6-dev"} <= set(apt.split())

@@ -7,6 +7,8 @@ from contract.sampling import SamplingParams
 from tests.tiny_models import build_tokenizer
 from worker.engine.detokenizer import IncrementalDetokenizer
 
+pytestmark = pytest.mark.fast
+
 TEXT = "héllo wörld — 日本語 🙂 ça va"
 
 

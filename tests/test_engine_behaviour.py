@@ -7,6 +7,8 @@ import pytest
 from tests.reference import assert_pool_empty
 from worker.engine import LLM, LLMEngine, RequestOutput, SamplingParams
 
+pytestmark = pytest.mark.fast
+
 PROMPT = "Paged attention stores keys and values in"
 
 

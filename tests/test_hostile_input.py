@@ -4,7 +4,6 @@ request fails another's. Against the real PostgreSQL and Redis."""
 import asyncio
 import json
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,8 @@ from core.models import Job, utcnow
 from core.settings import Settings
 from core.states import JobStatus
 from tests.jobs_client import Database
+
+pytestmark = pytest.mark.fast
 
 JSON = {"content-type": "application/json"}
 SURROGATE = "\\ud800"  # as JSON escapes it: the parsed text holds a lone surrogate
@@ -259,27 +260,43 @@ def test_a_prompt_longer_than_any_context_could_hold_is_refused_before_tokenizin
     assert f"holds at most {encoder.max_chars} characters" in _problems(response)
 
 
+class WatchedLock:
+    """A lock that says when someone waits for it."""
+
+    def __init__(self) -> None:
+        self.lock, self.wanted = threading.Lock(), threading.Event()
+
+    def __enter__(self) -> None:
+        self.wanted.set()
+        self.lock.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.lock.release()
+
+
 def test_the_event_loop_serves_other_requests_while_a_prompt_waits_for_the_tokenizer(
-    client: TestClient,
+    client: TestClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A batch check holds the tokenizer for a slice at a time: a job submitted meanwhile must wait in
     the tokenizer's thread, not on the event loop, where it would stall /healthz and everything else."""
     encoder = client.app.state.service.prompts
     submitted: list[int] = []
-    encoder._lock.acquire()
+    held = WatchedLock()
+    monkeypatch.setattr(encoder, "_lock", held)
+    held.lock.acquire()
     try:
         submitter = threading.Thread(
             target=lambda: submitted.append(client.post("/v1/jobs", json={"prompt": "hi"}).status_code)
         )
         submitter.start()
-        time.sleep(0.3)  # the submission is now waiting for the tokenizer
+        assert held.wanted.wait(10), "the submission never reached the tokenizer"
         health: list[int] = []
         checker = threading.Thread(target=lambda: health.append(client.get("/healthz").status_code))
         checker.start()
         checker.join(5)
         answered_while_held = health == [200]
     finally:
-        encoder._lock.release()
+        held.lock.release()
     submitter.join(10)
     checker.join(10)
 

@@ -9,6 +9,8 @@ import torch
 import kernels.metadata
 from kernels import AttentionMetadata, copy_blocks, dispatch, paged_attention, write_kv
 
+pytestmark = pytest.mark.fast
+
 HEAD_DIM = 32
 KV_HEADS = 2
 # (query_len, seq_len): decodes of assorted lengths (1, a block multiple, several blocks)

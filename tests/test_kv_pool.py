@@ -2,10 +2,13 @@
 
 from pathlib import Path
 
+import pytest
 import torch
 
 from worker.engine import LLM, SamplingParams
 from worker.engine.model_runner import zeroed
+
+pytestmark = pytest.mark.fast
 
 
 def resident_bytes() -> int:

@@ -16,7 +16,7 @@ import redis
 from api import live
 from api.live import LiveStreams
 from core.streams import StreamEntry, channel_key, stream_key
-from tests.services import redis_url, wait_for
+from tests.services import async_wait_for, redis_url, wait_for
 from worker.streamer import TokenStreamer
 
 
@@ -61,9 +61,11 @@ def with_live_streams(url: str, scenario: Callable[[LiveStreams], Awaitable[T]])
     return asyncio.run(run())
 
 
-async def read_until_end(streams: LiveStreams, job_id: str, ends: int = 1) -> list[StreamEntry]:
-    """Every entry until the ``ends``-th end, failing after 10 s."""
-    read: list[StreamEntry] = []
+async def read_until_end(
+    streams: LiveStreams, job_id: str, ends: int = 1, read: list[StreamEntry] | None = None
+) -> list[StreamEntry]:
+    """Every entry until the ``ends``-th end (into ``read`` as they come), failing after 10 s."""
+    read = [] if read is None else read
     async with asyncio.timeout(10):
         async for entry in streams.entries(job_id):
             if entry is not None:
@@ -82,6 +84,15 @@ def stream_length(url: str, job_id: str) -> int:
     return redis.Redis.from_url(url).xlen(stream_key(job_id))
 
 
+def subscribers(url: str, job_id: str) -> int:
+    """The connections subscribed to the job's channel."""
+    return dict(redis.Redis.from_url(url).pubsub_numsub(channel_key(job_id)))[channel_key(job_id).encode()]
+
+
+async def subscribed(url: str, job_id: str) -> None:
+    await async_wait_for(lambda: subscribers(url, job_id) == 1, 5, "the reader to subscribe")
+
+
 def test_a_reader_gets_what_was_written_so_far_then_each_new_piece_once(
     url: str, job_id: str, streamer: TokenStreamer
 ) -> None:
@@ -89,8 +100,10 @@ def test_a_reader_gets_what_was_written_so_far_then_each_new_piece_once(
         for piece in ("Hello", ",", " wor"):
             streamer.put(job_id, 1, piece, finished=False)
         wait_for(lambda: stream_length(url, job_id) == 3, 5, "the first pieces")
-        reader = asyncio.create_task(read_until_end(streams, job_id))
-        await asyncio.sleep(0.3)  # the reader has read the stream and now waits for published pieces
+        read: list[StreamEntry] = []
+        reader = asyncio.create_task(read_until_end(streams, job_id, read=read))
+        # Subscribed, it has read the stream: the rest comes as published pieces.
+        await async_wait_for(lambda: len(read) == 3, 5, "the reader to read the stream")
         for piece, finished in (("ld", False), ("!", False), ("", True)):
             streamer.put(job_id, 1, piece, finished)
         return await reader
@@ -110,11 +123,12 @@ def test_a_message_lost_on_the_channel_is_read_from_the_stream(url: str, job_id:
             worker.publish(channel_key(job_id), entry.message())
 
     async def scenario(streams: LiveStreams) -> list[StreamEntry]:
-        reader = asyncio.create_task(read_until_end(streams, job_id))
-        await asyncio.sleep(0.3)
+        read: list[StreamEntry] = []
+        reader = asyncio.create_task(read_until_end(streams, job_id, read=read))
+        await subscribed(url, job_id)
         write(StreamEntry(1, 1, "one "))
+        await async_wait_for(lambda: len(read) == 1, 5, "the first entry")  # past its first stream read
         write(StreamEntry(1, 2, "two "), publish=False)  # in the stream, but its message is lost
-        await asyncio.sleep(0.05)
         write(StreamEntry(1, 3, "three", end=True))
         return await reader
 
@@ -127,7 +141,7 @@ def test_a_requeued_run_starts_over_and_a_stale_run_is_refused(
 ) -> None:
     async def scenario(streams: LiveStreams) -> list[StreamEntry]:
         reader = asyncio.create_task(read_until_end(streams, job_id, ends=2))
-        await asyncio.sleep(0.3)
+        await subscribed(url, job_id)
         streamer.put(job_id, 1, "first", finished=False)
         streamer.put(job_id, 1, " run", finished=True)  # aborted to be requeued
         wait_for(lambda: stream_length(url, job_id) == 2, 5, "the first run")
@@ -146,20 +160,14 @@ def test_a_requeued_run_starts_over_and_a_stale_run_is_refused(
 def test_readers_of_one_job_share_a_subscription_and_leave_none_behind(
     url: str, job_id: str, streamer: TokenStreamer
 ) -> None:
-    client = redis.Redis.from_url(url)
-
-    def subscribers() -> int:
-        return dict(client.pubsub_numsub(channel_key(job_id)))[channel_key(job_id).encode()]
-
     async def scenario(streams: LiveStreams) -> tuple[list[StreamEntry], list[StreamEntry], int]:
         readers = [asyncio.create_task(read_until_end(streams, job_id)) for _ in range(2)]
-        await asyncio.sleep(0.3)
-        during = subscribers()
+        await subscribed(url, job_id)  # the first reader; the second joined it in the same turn of the loop
+        during = subscribers(url, job_id)
         for piece in ("a", "b", "c"):
             streamer.put(job_id, 1, piece, finished=piece == "c")
         first, second = await asyncio.gather(*readers)
-        await asyncio.sleep(0.1)  # the unsubscribe reaches Redis
-        assert subscribers() == 0
+        await async_wait_for(lambda: subscribers(url, job_id) == 0, 5, "the readers to leave no subscription")
         return first, second, during
 
     first, second, during = with_live_streams(url, scenario)

@@ -20,8 +20,11 @@ from api.batch_lines import CHAT, COMPLETIONS, read_lines
 from api.openai_online import OpenAIError, online_request
 from api.routes.generate import GenerateIn
 from contract.context import context_problem, max_model_len
-from contract.sampling import ContractError, SamplingParams, hints, model_defaults
+from contract.sampling import ContractError, SamplingParams, hints
+from contract.sampling_defaults import model_defaults
 from core.spec import JobSpec, SamplingSpec
+
+pytestmark = pytest.mark.fast
 
 MANY = settings(
     max_examples=1200, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
@@ -239,7 +242,8 @@ def test_a_prompt_fits_when_it_and_max_tokens_do() -> None:
 
 
 def test_the_contract_imports_neither_torch_nor_pydantic_nor_the_service() -> None:
-    code = "import sys, contract.sampling, contract.context, contract.engine; print(*sorted(sys.modules))"
+    modules = "contract.sampling, contract.sampling_defaults, contract.context, contract.engine"
+    code = f"import sys, {modules}; print(*sorted(sys.modules))"
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     roots = {name.split(".")[0] for name in loaded.split()}
     assert not roots & {"torch", "pydantic", "sqlalchemy", "transformers", "core", "api", "worker", "kernels"}

@@ -2,6 +2,8 @@
 
 from datetime import UTC, datetime
 
+import pytest
+
 from core.choices import choices_of
 from core.models import Job
 from core.openai_format import completion_body
@@ -9,6 +11,8 @@ from core.states import JobStatus
 from core.timings import joined, timings
 from worker.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from worker.results import Clock, JobResult
+
+pytestmark = pytest.mark.fast
 
 TEXTS = {1: "a", 2: "b", 3: "c\x00"}
 CLOCK = Clock(offset=1_000_000.0)

@@ -9,6 +9,8 @@ import torch
 from contract.sampling import SamplingParams
 from worker.engine.sampler import Sampler, SamplingRow, apply_min_tokens, apply_penalties
 
+pytestmark = pytest.mark.fast
+
 sampler = Sampler()
 
 

@@ -1,10 +1,14 @@
 """The scheduler's after-step interface (advance, fork, finish) and its preemptions, without a model."""
 
+import pytest
+
 from contract.engine import EngineConfig
 from contract.sampling import SamplingParams
 from worker.engine.block_manager import BlockManager
 from worker.engine.scheduler import Scheduler
 from worker.engine.sequence import Request, Sequence, SequenceStatus
+
+pytestmark = pytest.mark.fast
 
 BS = 4
 

@@ -2,7 +2,6 @@
 
 import signal
 import threading
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -186,7 +185,7 @@ def test_a_lost_message_is_republished_while_the_queue_never_drains(service_sett
                 if depth < 6:
                     submit(client, prompt=PROMPTS[len(depths) % 50], max_tokens=8, ignore_eos=True)
                 else:
-                    time.sleep(0.05)
+                    stop.wait(0.05)  # polls the depth again, or ends at once when told
 
         with ThreadPoolExecutor(1) as pool:
             feeding = pool.submit(keep_a_backlog)

@@ -3,12 +3,14 @@
 import itertools
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from tqdm import tqdm
 
 from contract.engine import EngineConfig
 from contract.sampling import SamplingParams
-from worker.engine.default_model import DEFAULT_MODEL
+from contract.sampling_defaults import generation_defaults, with_model_defaults
+from worker.engine.default_model import DEFAULT_MODEL, resolve_model
 from worker.engine.llm_engine import LLMEngine
 from worker.engine.outputs import RequestOutput
 
@@ -26,7 +28,14 @@ class LLM:
     def __init__(self, model: str = DEFAULT_MODEL, **engine_args: object) -> None:
         self.engine = LLMEngine(EngineConfig(model=model, **engine_args))  # type: ignore[arg-type]
         self.tokenizer = self.engine.tokenizer
+        self.sampling_defaults = generation_defaults(resolve_model(model))
         self._ids = itertools.count()
+
+    def sampling_params(self, **given: Any) -> SamplingParams:
+        """``SamplingParams(**given)``, the model's sampling defaults (its generation_config.json) taking
+        the place of the contract's for what ``given`` leaves out: what ``generate`` and ``chat`` run
+        with when given no ``SamplingParams``."""
+        return SamplingParams(**with_model_defaults(given, set(given), self.sampling_defaults))
 
     def generate(
         self,
@@ -35,9 +44,9 @@ class LLM:
         use_tqdm: bool = False,
         priority: Sequence[int] | None = None,
     ) -> list[RequestOutput]:
-        """Outputs in the order of ``prompts``."""
+        """Outputs in the order of ``prompts``; without ``sampling_params``, ``self.sampling_params()``."""
         prompts = _as_prompt_list(prompts)
-        params = _per_prompt(sampling_params or SamplingParams(), len(prompts))
+        params = _per_prompt(sampling_params or self.sampling_params(), len(prompts))
         request_ids = [str(next(self._ids)) for _ in prompts]
         for i, (request_id, prompt) in enumerate(zip(request_ids, prompts, strict=True)):
             self.engine.add_request(request_id, prompt, params[i], priority[i] if priority else 0)

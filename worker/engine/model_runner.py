@@ -67,7 +67,13 @@ class ModelRunner:
         self.kernel_backend = backend_for(self.device)
         logger.info("kernels: %s", self.kernel_backend, extra={"kernel_backend": self.kernel_backend})
         self.model: LlamaForCausalLM = load_model(
-            model_config, max_model_len, self.dtype, self.device, config.load_format, config.quantization
+            model_config,
+            max_model_len,
+            self.dtype,
+            self.device,
+            config.load_format,
+            config.quantization,
+            config.seed,
         )
         self.num_blocks = self._num_kv_blocks(model_config)
         self.kv_caches = self._allocate_kv_cache(model_config)

@@ -11,11 +11,19 @@ suit a decode step's few rows.
   (bench/RESULTS.md).
 
 The embedding stays as it is (a tied ``lm_head`` gets its own packed copy); other dtypes and devices
-keep ``nn.Linear``.
+keep ``nn.Linear``. The oneDNN ops are private to torch, so they are tried once on a tiny tensor before a
+model relies on them (``onednn_works``): if they fail or disagree with ``F.linear``, the linears stay
+``nn.Linear`` and one warning says why.
 """
 
+import functools
+import logging
+
 import torch
+import torch.nn.functional as F
 from torch import nn
+
+logger = logging.getLogger("pagedq.engine")
 
 
 class OneDNNLinear(nn.Module):
@@ -42,8 +50,30 @@ class Fp16Linear(nn.Module):
         return torch.ops.quantized.linear_dynamic_fp16(x, self.packed)
 
 
-def onednn_available() -> bool:
-    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+@functools.cache
+def onednn_works() -> bool:
+    """Whether ``OneDNNLinear`` runs and gives ``F.linear``'s outputs (to float32 rounding), with and
+    without a bias, on a few rows; the first call of a process tries it."""
+    if not torch.backends.mkldnn.is_available():
+        return False
+    generator = torch.Generator().manual_seed(0)  # not the global one: sampling's stays as it was
+    x = torch.randn(3, 32, generator=generator)
+    for bias in (True, False):
+        linear = nn.utils.skip_init(nn.Linear, 32, 16, bias=bias)
+        for param in linear.parameters():
+            param.data = torch.randn(param.shape, generator=generator)
+        try:
+            error = (OneDNNLinear(linear)(x) - F.linear(x, linear.weight, linear.bias)).abs().max().item()
+        except Exception as failure:  # a private op gone, renamed or with another signature
+            return _fall_back(f"{type(failure).__name__}: {' '.join(str(failure).split())[:300]}")
+        if not error <= 1e-4:  # NaN too
+            return _fall_back(f"outputs differ from F.linear's by {error:.3g}")
+    return True
+
+
+def _fall_back(reason: str) -> bool:
+    logger.warning("oneDNN linears unavailable, running F.linear: %s", reason, extra={"reason": reason})
+    return False
 
 
 def pack_linears(model: nn.Module, quantization: str, device: torch.device) -> None:
@@ -53,7 +83,7 @@ def pack_linears(model: nn.Module, quantization: str, device: torch.device) -> N
         raise ValueError(
             f"quantization={quantization!r} packs float32 weights on CPU, not {dtype} on {device}"
         )
-    if device.type != "cpu" or dtype != torch.float32 or (quantization == "none" and not onednn_available()):
+    if device.type != "cpu" or dtype != torch.float32 or (quantization == "none" and not onednn_works()):
         return
     packed = Fp16Linear if quantization == "fp16" else OneDNNLinear
     for parent in list(model.modules()):

@@ -29,6 +29,7 @@ def load_model(
     device: torch.device,
     load_format: str,
     quantization: str = "none",
+    seed: int = 0,
 ) -> LlamaForCausalLM:
     """The model, filled and with its linears packed for the device (``cpu_linears.pack_linears``)."""
     default_dtype = torch.get_default_dtype()
@@ -40,7 +41,7 @@ def load_model(
         torch.set_default_dtype(default_dtype)
     model.to(device)
     if load_format == "dummy":
-        fill_random(model)
+        fill_random(model, seed)
     else:
         fill_from_safetensors(model, config)
     pack_linears(model, quantization, device)

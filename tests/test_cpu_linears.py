@@ -1,0 +1,59 @@
+"""CPU float32 linears run on oneDNN's private ops only once these are seen to work: tried on a tiny
+tensor at start, and where they fail or disagree with ``F.linear``, the model keeps ``nn.Linear``."""
+
+import logging
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from worker.engine import LLM, SamplingParams
+from worker.engine.model import cpu_linears
+
+pytestmark = pytest.mark.fast
+
+REAL = torch.ops.mkldnn._linear_pointwise
+
+
+def changed_signature(*args: object) -> torch.Tensor:
+    raise RuntimeError("mkldnn::_linear_pointwise() Expected a value of type 'str' for argument 'attr'")
+
+
+def off(*args: object) -> torch.Tensor:
+    return REAL(*args) + 1e-2
+
+
+@pytest.fixture(autouse=True)
+def _tried_afresh() -> Iterator[None]:
+    cpu_linears.onednn_works.cache_clear()
+    yield
+    cpu_linears.onednn_works.cache_clear()  # later tests try the real ops
+
+
+def kinds(llm: LLM) -> set[str]:
+    return {type(m).__name__ for m in llm.engine.runner.model.modules() if not list(m.children())}
+
+
+@pytest.mark.parametrize("op", [changed_signature, off], ids=["failing", "disagreeing"])
+def test_the_model_keeps_f_linear_when_the_onednn_ops_misbehave(
+    op: Callable[..., torch.Tensor],
+    tiny_llama: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", op)
+    with caplog.at_level(logging.WARNING, logger="pagedq.engine"):
+        llm = LLM(str(tiny_llama), device="cpu", kv_cache_bytes=4 << 20)
+        [out] = llm.generate(["The quick brown fox"], SamplingParams(temperature=0.0, max_tokens=4))
+        LLM(str(tiny_llama), device="cpu", kv_cache_bytes=4 << 20)  # a second model: tried once per process
+    assert "Linear" in kinds(llm) and "OneDNNLinear" not in kinds(llm)
+    assert out.outputs[0].token_ids
+    [warning] = [r for r in caplog.records if "oneDNN" in r.getMessage()]
+    reason = "RuntimeError: mkldnn::_linear_pointwise()" if op is changed_signature else "differ from F"
+    assert "running F.linear" in warning.getMessage() and reason in warning.reason
+
+
+def test_the_onednn_ops_are_used_where_they_work(tiny_llama: Path) -> None:
+    assert cpu_linears.onednn_works()
+    assert "OneDNNLinear" in kinds(LLM(str(tiny_llama), device="cpu", kv_cache_bytes=4 << 20))
