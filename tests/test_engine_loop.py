@@ -5,7 +5,7 @@ what the engine refuses, or a step that raises, fails runs instead of hanging th
 
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -150,16 +150,20 @@ class ScriptedEngine:
     """A double of the engine (worker/engine_loop.py's ``Engine``): each step gives every request one
     token and finishes it, except the steps told to raise."""
 
-    def __init__(self, failing_steps: int) -> None:
-        self.failing_steps = failing_steps
+    def __init__(self, failing_steps: int, while_failing: Callable[[], None] = lambda: None) -> None:
+        self.failing_steps, self.while_failing = failing_steps, while_failing
         self.requests: list[str] = []
+        self.added: list[str] = []
         self.aborted: list[str] = []
         self.tokenizer = SimpleNamespace(decode=lambda token_ids: "x")
 
     def add_request(self, request_id: str, prompt: list[int], params: SamplingParams, priority: int) -> None:
         self.requests.append(request_id)
+        self.added.append(request_id)
 
     def abort(self, request_id: str) -> bool:
+        if request_id not in self.requests:
+            return False
         self.aborted.append(request_id)
         self.requests.remove(request_id)
         return True
@@ -170,6 +174,7 @@ class ScriptedEngine:
     def step(self) -> list[RequestOutput]:
         if self.failing_steps and self.requests:
             self.failing_steps -= 1
+            self.while_failing()
             raise RuntimeError("the device fell over")
         now, done, self.requests = time.monotonic(), self.requests, []
         token = [CompletionOutput(0, "x", [7], finish_reason="length")]
@@ -198,6 +203,26 @@ def test_a_step_that_raises_fails_every_run_and_the_loop_goes_on(flights):
         assert (later.final, later.result.choices[0].text) == (JobStatus.SUCCEEDED, "x")
     finally:
         loop.stop()
+
+
+def test_a_run_claimed_while_a_step_fails_ends_failed_and_never_enters_the_engine(flights):
+    """Its run is failed with the step (as every unfinished run is), so the engine must not take it after:
+    it would run to its max_tokens for nothing, or end it a second time, as succeeded."""
+    late = flight([5])
+    engine = ScriptedEngine(failing_steps=1, while_failing=lambda: hand_over(loop, flights, late))
+    loop = EngineLoop(lambda: engine, flights)
+    running = flight([4])
+    hand_over(loop, flights, running)
+    loop.start()
+    try:
+        wait_for(lambda: ended(running, late), 10, "the failed step to end both runs")
+        later = flight([6])  # the loop has taken every command before this one when it ends
+        hand_over(loop, flights, later)
+        wait_for(lambda: ended(later), 10, "a later run to end")
+    finally:
+        loop.stop()
+    assert late.final == running.final == JobStatus.FAILED and late.error == running.error
+    assert engine.added == [running.request_id, later.request_id]
 
 
 def test_an_engine_that_cannot_be_built_fails_the_start(flights):

@@ -129,6 +129,8 @@ class EngineLoop(Generic[E]):
         match command:
             case AbortRun(flight):
                 self.engine.abort(flight.request_id)
+            case AddRun(flight) if flight.final is not None:
+                pass  # claimed while a step failed, and failed with it: it ends once, out of the engine
             case AddRun(flight):
                 job = flight.job
                 try:
