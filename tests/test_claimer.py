@@ -3,6 +3,7 @@ holds its run until its end is written; a message claims nothing it must not (a 
 another thread claims, anything while draining); fair share's ticket takes the fairest job; a claim waits
 out a database that is away, keeping its seat."""
 
+import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
@@ -16,6 +17,7 @@ from tests.services import wait_for
 from worker.claimer import Claimer, RunResult
 from worker.drain import Drain
 from worker.flights import Flight, Flights
+from worker.results import JobResult
 from worker.store import JobStore
 
 
@@ -84,6 +86,41 @@ def test_a_draining_worker_refuses_messages_and_claims_nothing(store):
     pool_thread.drain.begin(grace=30.0)
     assert pool_thread.claim(job_id) is RunResult.REFUSED
     assert row(store, job_id).status == JobStatus.QUEUED and len(pool_thread.flights) == 0
+
+
+class WatchedEvent(threading.Event):
+    """An event that tells when a thread starts waiting on it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waited = threading.Event()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waited.set()
+        return super().wait(timeout)
+
+
+def test_a_message_waiting_for_its_job_s_last_run_claims_nothing_once_the_worker_drains(store):
+    """A duplicate message (or the requeue's own) waits for the run this worker still holds; if a drain
+    requeued that run meanwhile, the message goes back to the broker rather than claim the job again, which
+    would spend one of its PAGEDQ_MAX_ATTEMPTS on a run the drain requeues at once."""
+    job_id = add_job(store)
+    job = store.claim(job_id, "w1")
+    assert job is not None
+    pool_thread = claimer(store)
+    held = Flight(job, JobResult.of(job.params), done=WatchedEvent())
+    pool_thread.flights.add(held)
+    with ThreadPoolExecutor(1) as pool:
+        message = pool.submit(pool_thread.claim, job_id)
+        assert held.done.waited.wait(10)
+        pool_thread.drain.begin(grace=0.0)
+        assert store.requeue(job_id, job.attempt) == 0  # the flusher requeues the drained run, lets it go
+        pool_thread.flights.release(job_id)
+        held.done.set()
+        assert message.result(timeout=10) is RunResult.REFUSED
+    requeued = row(store, job_id)
+    assert (requeued.status, requeued.attempt) == (JobStatus.QUEUED, 1)
+    assert pool_thread.flights.claimed_or_held() == set()
 
 
 def test_with_fair_share_a_ticket_claims_the_fairest_job_then_the_next(store):

@@ -59,6 +59,7 @@ class Claimer:
                         if reserved is None:  # a duplicate message another thread is claiming
                             return RunResult.SKIPPED
                         target, chosen = reserved
+                        continue  # reserving may have waited for a run of the job, and a drain begun
                     job = self.store.claim(target, self.worker_id, retry=failures > 0)
                 except SQLAlchemyError as error:
                     if not database_away(error):
