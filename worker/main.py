@@ -24,9 +24,14 @@ from core.settings import Settings
 from core.streams import stream_dropper, streams_url
 from core.webhooks import Outbox
 from worker.batches import BatchKeeper
+from worker.claimer import Claimer, RunResult
+from worker.drain import Drain
 from worker.engine import LLMEngine
+from worker.engine_loop import EngineLoop
+from worker.flights import Flights
+from worker.flusher import Flusher, Publish
 from worker.health import WorkerHealth
-from worker.host import EngineHost, RunResult
+from worker.host import EngineHost
 from worker.reconciler import Reconciler
 from worker.store import JobStore
 from worker.streamer import TokenStreamer
@@ -79,18 +84,7 @@ def run_worker(settings: Settings, ready_fd: int | None = None) -> None:
     url = streams_url(settings)
     streamer = TokenStreamer(url) if url else None
     health = WorkerHealth(settings.resolved_worker_status_file, settings.heartbeat_period, worker_id)
-    host = EngineHost(
-        lambda: LLMEngine(settings.engine_config()),
-        store,
-        publish,
-        worker_id,
-        settings.flush_interval,
-        settings.heartbeat_period,
-        health,
-        # Past the drain deadline, failed writes are retried until other workers would take over our jobs.
-        write_grace=settings.heartbeat_timeout,
-        streamer=streamer,
-    )
+    host = engine_host(settings, store, publish, worker_id, health, streamer)
     register_run_job(app, host)
     reconciler = Reconciler(
         store,
@@ -103,8 +97,53 @@ def run_worker(settings: Settings, ready_fd: int | None = None) -> None:
         settings.purge_interval,
     )
     register_probe_queue(app, reconciler)
+    facts = {"worker_id": worker_id, "model": settings.served_model_name, "queue": queue}
+    handle_signals(host, settings, facts, ready_fd)
+    host.start()
     stop_reconciling = threading.Event()
+    threading.Thread(
+        target=reconciler.run, args=(settings.reconcile_interval, stop_reconciling), daemon=True
+    ).start()
+    try:
+        consume(app, settings, queue)
+    finally:
+        stop_reconciling.set()
+        host.stop()
+        if streamer is not None:
+            streamer.close()
+        logger.info("worker stopped", extra={"worker_id": worker_id})
 
+
+def engine_host(
+    settings: Settings,
+    store: JobStore,
+    publish: Publish,
+    worker_id: str,
+    health: WorkerHealth,
+    streamer: TokenStreamer | None,
+) -> EngineHost:
+    """The claimer, the engine loop and the flusher around one registry (worker/host.py)."""
+    flights = Flights()
+    loop = EngineLoop(lambda: LLMEngine(settings.engine_config()), flights, streamer)
+    # Past the drain deadline, failed writes are retried until other workers would take over our jobs.
+    drain = Drain(write_grace=settings.heartbeat_timeout)
+    flusher = Flusher(
+        flights,
+        store,
+        drain,
+        health,
+        worker_id,
+        settings.flush_interval,
+        settings.heartbeat_period,
+        publish,
+        abort=loop.abort,
+        engine_stats=loop.stats,
+    )
+    claimer = Claimer(flights, store, worker_id, drain, start=loop.add, retry_delay=flusher.backoff)
+    return EngineHost(claimer, loop, flusher, health)
+
+
+def handle_signals(host: EngineHost, settings: Settings, facts: dict[str, Any], ready_fd: int | None) -> None:
     now = threading.Event()
 
     def drain(**_: object) -> None:  # Celery's warm shutdown: SIGTERM, or Ctrl-C
@@ -116,41 +155,32 @@ def run_worker(settings: Settings, ready_fd: int | None = None) -> None:
         signal.raise_signal(signal.SIGTERM)  # and stop consuming, if no SIGTERM came before
 
     def ready(**_: object) -> None:
-        facts = {"worker_id": worker_id, "model": settings.served_model_name, "queue": queue}
-        facts |= engine_facts(host.engine)
-        logger.info("worker ready", extra=facts)
+        announced = facts | engine_facts(host.loop.engine)
+        logger.info("worker ready", extra=announced)
         if ready_fd is not None:
             # `pagedq up` owns Ctrl-C (Celery would take a second one for a cold shutdown, which its
             # threads pool cannot do): it stops the API, then sends SIGTERM, then SIGUSR2 for "now".
             signal.signal(signal.SIGINT, signal.SIG_IGN)
             with os.fdopen(ready_fd, "w") as announce:
-                announce.write(json.dumps(facts) + "\n")
+                announce.write(json.dumps(announced) + "\n")
 
     worker_shutting_down.connect(drain, weak=False)
     signal.signal(signal.SIGUSR2, stop_now)
     worker_ready.connect(ready, weak=False)
-    host.start()
-    threading.Thread(
-        target=reconciler.run, args=(settings.reconcile_interval, stop_reconciling), daemon=True
-    ).start()
-    try:
-        app.worker_main(
-            [
-                "--quiet",  # no banner: the "worker ready" record says what matters
-                "worker",
-                "--pool=threads",
-                f"--concurrency={settings.jobs_held_per_worker}",
-                f"--queues={queue}",
-                f"--hostname=pagedq-{os.getpid()}@%h",
-                f"--loglevel={settings.log_level}",
-                "--without-gossip",
-                "--without-mingle",
-                "--without-heartbeat",  # Celery's event heartbeats: the workers table is pagedq's liveness
-            ]
-        )
-    finally:
-        stop_reconciling.set()
-        host.stop()
-        if streamer is not None:
-            streamer.close()
-        logger.info("worker stopped", extra={"worker_id": worker_id})
+
+
+def consume(app: Celery, settings: Settings, queue: str) -> None:
+    app.worker_main(
+        [
+            "--quiet",  # no banner: the "worker ready" record says what matters
+            "worker",
+            "--pool=threads",
+            f"--concurrency={settings.jobs_held_per_worker}",
+            f"--queues={queue}",
+            f"--hostname=pagedq-{os.getpid()}@%h",
+            f"--loglevel={settings.log_level}",
+            "--without-gossip",
+            "--without-mingle",
+            "--without-heartbeat",  # Celery's event heartbeats: the workers table is pagedq's liveness
+        ]
+    )

@@ -26,8 +26,8 @@ from core.models import utcnow
 from core.purge import Purger
 from core.queue import celery_priority, priorities_at
 from worker.batches import BatchKeeper
+from worker.flusher import Publish
 from worker.health import describe
-from worker.host import Publish
 from worker.store import JobStore, database_away
 
 logger = logging.getLogger("pagedq.worker")

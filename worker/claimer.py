@@ -1,0 +1,104 @@
+"""What a Celery pool thread runs for a job's message: claim a job, hand it to the engine loop, and block
+until its end is written (late acks: only then is the message acknowledged).
+
+With fair share the message is a ticket (worker/fair.py): it claims the fairest queued job, which another
+claim may take first; then the next. Every ticket a job's claim did not use stays in the broker for some
+other queued job.
+"""
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+
+from sqlalchemy.exc import SQLAlchemyError
+
+from worker.drain import Drain
+from worker.flights import Flight, Flights
+from worker.health import describe
+from worker.results import JobResult
+from worker.store import JobStore, database_away
+
+logger = logging.getLogger("pagedq.worker")
+
+
+class RunResult(Enum):
+    FINISHED = "finished"  # the final state is committed
+    SKIPPED = "skipped"  # the job was not queued (finished, cancelled, or another run owns it)
+    REFUSED = "refused"  # the worker is shutting down; the message should go back to the broker
+    UNWRITTEN = "unwritten"  # shut down before the result could be written; the message goes back too
+
+
+@dataclass
+class Claimer:
+    flights: Flights
+    store: JobStore
+    worker_id: str
+    drain: Drain
+    start: Callable[[Flight], None]  # hands a claimed run to the engine loop
+    retry_delay: Callable[[int], float]  # seconds before the next try after this many failed ones
+
+    def run(self, job_id: str) -> RunResult:
+        flight = self.claim(job_id)
+        if isinstance(flight, RunResult):
+            return flight
+        self.start(flight)
+        flight.done.wait()
+        return RunResult.UNWRITTEN if flight.unwritten else RunResult.FINISHED
+
+    def claim(self, job_id: str) -> Flight | RunResult:
+        """Claim a job for this message, retrying while the database is away: the thread keeps its seat
+        meanwhile, so the worker takes no message it cannot start."""
+        failures, target, chosen = 0, None, False
+        try:
+            while not self.drain.started:
+                try:
+                    if target is None:
+                        reserved, failures = self._reserve(job_id), 0
+                        if reserved is None:  # a duplicate message another thread is claiming
+                            return RunResult.SKIPPED
+                        target, chosen = reserved
+                        continue  # reserving may have waited for a run of the job, and a drain begun
+                    job = self.store.claim(target, self.worker_id, retry=failures > 0)
+                except SQLAlchemyError as error:
+                    if not database_away(error):
+                        raise
+                    failures += 1
+                    level = logging.WARNING if failures == 1 else logging.DEBUG  # the flusher logs the outage
+                    logger.log(
+                        level, "claim failed; retrying", extra={"job_id": job_id, "error": describe(error)}
+                    )
+                    time.sleep(self.retry_delay(failures))
+                    continue
+                if job is None and chosen:  # fair share's choice was taken first: this ticket takes the next
+                    self.flights.unreserve(target)
+                    target = None
+                    continue
+                if job is None:
+                    logger.info("job not queued, skipping", extra={"job_id": job_id})
+                    return RunResult.SKIPPED
+                flight = Flight(job, JobResult.of(job.params))
+                self.flights.add(flight)
+                return flight
+            return RunResult.REFUSED
+        finally:
+            if target is not None:
+                self.flights.unreserve(target)
+
+    def _reserve(self, job_id: str) -> tuple[str, bool] | None:
+        """The job this message's thread will claim, marked as being claimed, and whether fair share chose
+        it; None if another thread is claiming the message's own job (a duplicate message)."""
+        while True:
+            chosen = self.store.pick(job_id, self.flights.claimed_or_held())
+            if chosen is not None and chosen != job_id:
+                if self.flights.reserve(chosen, unless_held=True):
+                    return chosen, True
+                continue  # another thread took it meanwhile: choose again
+            held = self.flights.held(job_id)
+            if held is not None:  # a duplicate message, or a requeue of a run still held: it ends first
+                held.done.wait()
+            if self.flights.reserve(job_id, unless_held=False):
+                return job_id, chosen is not None and self.store.fair
+            if chosen is None or not self.store.fair:
+                return None

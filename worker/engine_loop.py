@@ -1,0 +1,179 @@
+"""The engine thread: the one thread that builds and steps the engine, fed by typed commands.
+
+It never touches the database, so a slow write never stalls a decode step: it folds each step's outputs
+into the registry (worker/flights.py), which the flusher writes, and hands new text to the streamer.
+"""
+
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Generic, Protocol, TypeVar
+
+from core.states import JobStatus
+from worker.engine import EngineStats, RequestOutput, SamplingParams
+from worker.flights import Flight, Flights
+from worker.streamer import TokenStreamer
+
+logger = logging.getLogger("pagedq.worker")
+
+
+@dataclass(frozen=True)
+class AddRun:
+    flight: Flight
+
+
+@dataclass(frozen=True)
+class AbortRun:
+    flight: Flight
+
+
+Command = AddRun | AbortRun
+
+
+class Decoder(Protocol):
+    def decode(self, token_ids: list[int]) -> str: ...
+
+
+class Engine(Protocol):
+    """What the loop uses of an engine: worker/engine's ``LLMEngine``, or a test's double."""
+
+    @property
+    def tokenizer(self) -> Decoder: ...
+    def add_request(self, request_id: str, prompt: list[int], params: SamplingParams, priority: int) -> None:
+        """Raises ValueError when the request can never be served."""
+
+    def abort(self, request_id: str) -> bool: ...
+    def has_unfinished_requests(self) -> bool: ...
+    def step(self) -> list[RequestOutput]: ...
+    def stats(self) -> EngineStats: ...
+
+
+E = TypeVar("E", bound=Engine)
+
+
+class EngineLoop(Generic[E]):
+    def __init__(
+        self, build_engine: Callable[[], E], flights: Flights, streamer: TokenStreamer | None = None
+    ) -> None:
+        self.build_engine, self.flights, self.streamer = build_engine, flights, streamer
+        self.engine: E  # built, and only ever used, on the engine thread
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._commands: queue.Queue[Command] = queue.Queue()
+        self._stopping = threading.Event()
+        self._stats: dict[str, float] = {}
+        self._peak_running = 0
+        self._token_texts: dict[int, str] = {}
+        self._thread = threading.Thread(target=self._run, name="pagedq-engine", daemon=True)
+
+    def start(self) -> None:
+        """Build the engine on the engine thread, where it will run; returns once it is built.
+
+        On CPU this matters: OpenMP keeps a thread team per thread that runs parallel ops, and once the
+        process has more of those threads than cores its helpers sleep between ops instead of spinning
+        (a decode step then took ~40% longer). So only the engine thread ever runs the model.
+        """
+        self._thread.start()
+        self._ready.wait()
+        if self._error is not None:
+            raise RuntimeError(f"the engine could not be built: {self._error}") from self._error
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._thread.join(timeout=30)
+
+    def add(self, flight: Flight) -> None:
+        self._commands.put(AddRun(flight))
+
+    def abort(self, flight: Flight) -> None:
+        self._commands.put(AbortRun(flight))
+
+    def stats(self) -> dict[str, float]:
+        """The engine's stats after its last step, for the worker's heartbeat."""
+        return dict(self._stats) or {"num_running": 0, "num_waiting": 0, "kv_cache_usage": 0.0}
+
+    def _run(self) -> None:
+        try:
+            self.engine = self.build_engine()
+        except BaseException as error:  # start() re-raises it in the main thread
+            self._error = error
+            return
+        finally:
+            self._ready.set()
+        while not self._stopping.is_set():
+            self._take_commands(block=not self.engine.has_unfinished_requests())
+            if not self.engine.has_unfinished_requests():
+                continue
+            try:
+                outputs = self.engine.step()
+            except Exception as error:  # a broken step fails its jobs rather than hanging them
+                logger.exception("engine step failed")
+                self._fail_all(f"engine step failed: {error!r}")
+                continue
+            for output in outputs:
+                self._record(output)
+            self._update_stats()
+
+    def _take_commands(self, block: bool) -> None:
+        try:
+            command = self._commands.get(timeout=0.1) if block else self._commands.get_nowait()
+            while True:
+                self._apply(command)
+                command = self._commands.get_nowait()
+        except queue.Empty:
+            return
+
+    def _apply(self, command: Command) -> None:
+        match command:
+            case AbortRun(flight):
+                self.engine.abort(flight.request_id)
+            case AddRun(flight) if flight.final is not None:
+                pass  # claimed while a step failed, and failed with it: it ends once, out of the engine
+            case AddRun(flight):
+                job = flight.job
+                try:
+                    params = SamplingParams(**job.params)
+                    self.engine.add_request(flight.request_id, job.prompt_token_ids, params, job.priority)
+                except (ValueError, TypeError) as error:
+                    self.flights.end(flight, JobStatus.FAILED, error=f"rejected by the engine: {error}")
+
+    def _record(self, output: RequestOutput) -> None:
+        flight = self.flights.held(output.request_id.rpartition("#")[0])
+        if flight is None or flight.request_id != output.request_id:  # a run we let go (its abort, say)
+            return
+        self.flights.fold(flight, output, self._token_text)
+        if self.streamer is not None and not flight.job.in_batch:
+            text = "".join(sample.text for sample in output.outputs if sample.index == 0)
+            self.streamer.put(flight.job.id, flight.job.attempt, text, output.finished)
+        if output.finished and output.error is not None:  # its constraint did not compile in time
+            self.flights.end(flight, JobStatus.FAILED, error=f"rejected by the engine: {output.error}")
+        elif output.finished:
+            reason = flight.result.choices[0].finish_reason
+            status = flight.abort_as if reason == "abort" and flight.abort_as else JobStatus.SUCCEEDED
+            self.flights.end(flight, status, finish_reason=reason)
+
+    def _token_text(self, token_id: int) -> str:
+        """A token's text for its logprobs, cached: the engine's tokenizer, used only on this thread."""
+        if (text := self._token_texts.get(token_id)) is None:
+            text = self._token_texts[token_id] = self.engine.tokenizer.decode([token_id])
+        return text
+
+    def _fail_all(self, error: str) -> None:
+        for flight in self.flights.unfinished():
+            self.engine.abort(flight.request_id)
+            self.flights.end(flight, JobStatus.FAILED, error=error)
+        self.engine.step()  # collects the aborts so the engine is empty again
+
+    def _update_stats(self) -> None:
+        stats = self.engine.stats()
+        self._peak_running = max(self._peak_running, stats.num_running)
+        self._stats = {
+            "num_running": stats.num_running,
+            "num_waiting": stats.num_waiting,
+            "kv_cache_usage": stats.kv_cache_usage,
+            "num_preemptions": stats.num_preemptions,
+            "num_generated_tokens": stats.num_generated_tokens,
+            "peak_running": self._peak_running,
+        }

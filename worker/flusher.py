@@ -1,0 +1,197 @@
+"""The flusher thread: the worker's only writer of runs. It writes progress and results, polls cancels,
+heartbeats, requeues what a drain's deadline catches running, and gives up unwritten runs at the end.
+
+When the database is away, every write is kept and tried again (backing off) until it lands or the run
+turns out to be lost to another worker; meanwhile the worker does not heartbeat and says it is unhealthy.
+"""
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from sqlalchemy.exc import SQLAlchemyError
+
+from core.states import JobStatus
+from worker.drain import Drain
+from worker.flights import Flight, Flights
+from worker.health import WorkerHealth, describe
+from worker.results import Clock
+from worker.store import JobStore, Progress
+
+logger = logging.getLogger("pagedq.worker")
+
+Publish = Callable[[str, int], None]  # (job id, priority): put a job back on the broker
+
+
+@dataclass
+class Flusher:
+    flights: Flights
+    store: JobStore
+    drain: Drain
+    health: WorkerHealth
+    worker_id: str
+    flush_interval: float
+    heartbeat_interval: float  # checked at each flush; also the longest retry delay
+    publish: Publish
+    abort: Callable[[Flight], None]  # asks the engine loop to abort a run
+    engine_stats: Callable[[], dict[str, float]]
+    clock: Clock = field(default_factory=Clock)
+
+    def __post_init__(self) -> None:
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="pagedq-flusher", daemon=True)
+
+    def start(self) -> None:
+        self.store.heartbeat(self.worker_id, self.engine_stats())
+        self._thread.start()
+
+    def begin_drain(self, grace: float) -> None:
+        """Stop taking jobs; jobs still running after ``grace`` seconds are requeued. Writes that fail are
+        retried the drain's write grace more; then those runs end unwritten (their messages go back)."""
+        logger.info("draining", extra={"grace_s": grace, "running_jobs": len(self.flights)})
+        self.drain.begin(grace)
+        self.flights.wake.set()
+
+    def stop(self) -> None:
+        """Requeue whatever still runs and write what is unwritten (until the give-up time), then stop and
+        leave the workers table. The engine loop must run meanwhile: a requeue ends with its abort."""
+        self.begin_drain(0.0)
+        while self.flights and self._thread.is_alive():
+            time.sleep(0.05)
+        self._stopping.set()
+        self.flights.wake.set()
+        self._thread.join(timeout=30)
+        try:
+            self.store.remove_worker(self.worker_id)
+        except SQLAlchemyError as error:  # our heartbeats stop all the same: we age out of the table
+            logger.warning("could not leave the workers table", extra={"error": describe(error)})
+        self.health.set("stopped")
+
+    def backoff(self, failures: int) -> float:
+        """Seconds before the next try: doubling from the flush interval, at most one heartbeat period."""
+        return min(self.flush_interval * 2**failures, self.heartbeat_interval)
+
+    def _run(self) -> None:
+        """Write, poll cancels, heartbeat. A failed round is tried again, backing off; until one succeeds the
+        worker does not heartbeat, so after the heartbeat timeout other workers take its jobs over (its
+        later writes then find them lost, and it aborts them)."""
+        last_tokens, last_time = 0.0, time.monotonic()
+        failures, failing_since = 0, 0.0
+        while not (self._stopping.is_set() and not self.flights):
+            self.flights.wake.wait(self.flush_interval)
+            self.flights.wake.clear()
+            try:
+                self._flush()
+                self._poll_cancellations()
+                now = time.monotonic()
+                if now - last_time >= self.heartbeat_interval:
+                    stats = self.engine_stats()
+                    tokens = stats.get("num_generated_tokens", 0.0)
+                    rate = (tokens - last_tokens) / (now - last_time)
+                    self.store.heartbeat(self.worker_id, stats | {"tokens_per_s": rate})
+                    last_tokens, last_time = tokens, now
+            except Exception as error:
+                failures += 1
+                failing_since = failing_since or time.monotonic()
+                self._failed(error, failures)
+                time.sleep(self.backoff(failures))  # not cut short by a stop: it retries as long
+            else:
+                if failures:
+                    outage = round(time.monotonic() - failing_since, 1)
+                    logger.warning(
+                        "flushing works again", extra={"failed_tries": failures, "outage_s": outage}
+                    )
+                    failures, failing_since = 0, 0.0
+                self.health.succeeded(jobs=len(self.flights))
+            self._enforce_drain_deadline()
+            self._give_up_unwritten()
+
+    def _failed(self, error: Exception, failures: int) -> None:
+        """One log line per failed round, naming what waits to be written."""
+        self.health.failed(error)
+        waiting = self.flights.waiting()
+        results = [
+            {"job_id": f.job.id, "attempt": f.job.attempt, "status": f.final.value}
+            for f in waiting
+            if f.final is not None
+        ]
+        logger.warning(
+            "flush failed; retrying",
+            exc_info=failures == 1,
+            extra={
+                "error": describe(error),
+                "error_class": type(error).__name__,
+                "failed_tries": failures,
+                "retry_in_s": self.backoff(failures),
+                "unwritten_jobs": len(waiting),
+                "unwritten_results": results[:50],
+            },
+        )
+
+    def _flush(self) -> None:
+        with self.flights.unwritten(self.clock) as snapshot:
+            self._store(snapshot)
+
+    def _store(self, snapshot: list[Progress]) -> None:
+        """Progress and results in one transaction, then each requeue; a run is released once its end is
+        written, or once it turns out to be another run's."""
+        requeues = [p for p in snapshot if p.status == JobStatus.QUEUED]
+        writes = [p for p in snapshot if p.status != JobStatus.QUEUED]
+        lost = self.store.write(writes) if writes else set()
+        self.flights.written(writes, lost)
+        for p in writes:
+            if p.status is not None and p.job_id in lost:
+                logger.warning("result not written: the job is no longer ours", extra={"job_id": p.job_id})
+            if p.status is not None or p.job_id in lost:
+                self._release(p.job_id, lost=p.job_id in lost and p.status is None)
+        for p in requeues:
+            priority = self.store.requeue(p.job_id, p.attempt)
+            if priority is not None:
+                self._publish_requeued(p.job_id, priority)
+            self._release(p.job_id, lost=False)
+
+    def _publish_requeued(self, job_id: str, priority: int) -> None:
+        try:
+            self.publish(job_id, priority)
+        except Exception as error:  # the row is queued: the reconciler republishes a job without a message
+            logger.warning(
+                "could not publish a requeued job", extra={"job_id": job_id, "error": describe(error)}
+            )
+
+    def _release(self, job_id: str, lost: bool) -> None:
+        flight = self.flights.release(job_id)
+        if lost:  # another run owns the job now (we were presumed dead) or it was deleted
+            logger.warning("job no longer ours; aborting", extra={"job_id": job_id})
+            self.abort(flight)
+        flight.done.set()
+
+    def _give_up_unwritten(self) -> None:
+        """Past the give-up time, runs whose end is still unwritten are released as such: their messages go
+        back to the broker, and their rows (still running, ours) are requeued once our heartbeat ages."""
+        if not self.drain.past_give_up():
+            return
+        flights = self.flights.release_all()
+        if flights:
+            jobs = [{"job_id": f.job.id, "attempt": f.job.attempt} for f in flights]
+            logger.error("shutting down with runs unwritten; their messages go back", extra={"jobs": jobs})
+        for flight in flights:
+            flight.unwritten = True
+            self.abort(flight)
+            flight.done.set()
+
+    def _poll_cancellations(self) -> None:
+        if running := self.flights.running():
+            for job_id in self.store.cancel_requested(running):
+                self._abort(job_id, JobStatus.CANCELLED)
+
+    def _enforce_drain_deadline(self) -> None:
+        if self.drain.past_deadline():
+            for job_id in self.flights.running():
+                self._abort(job_id, JobStatus.QUEUED)
+
+    def _abort(self, job_id: str, abort_as: JobStatus) -> None:
+        if (flight := self.flights.mark_abort(job_id, abort_as)) is not None:
+            logger.info("aborting job", extra={"job_id": job_id, "as": abort_as.value})
+            self.abort(flight)
