@@ -23,7 +23,7 @@ SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 /usr/bin/chromium:
 	@echo "== installing Debian's chromium (the console's browser tests)"
 	$(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -q chromium \
-		|| echo "!! chromium not installed: tests/test_console.py will skip (and fail under CI=true)"
+		|| echo "!! chromium not installed: tests/api/test_console.py will skip (and fail under CI=true)"
 
 # `make run PORT=8001 HOST=0.0.0.0`: where the API listens (the clients read the same PAGEDQ_PORT/HOST).
 run: setup

@@ -30,9 +30,9 @@ from sqlalchemy.exc import OperationalError
 
 from core.settings import Settings
 from core.states import TERMINAL, JobStatus
-from tests.jobs_client import Database, api_over_http, start_worker
-from tests.private_postgres import PrivatePostgres, private_postgres
-from tests.services import free_port, wait_for
+from tests.support.jobs_client import Database, api_over_http, start_worker
+from tests.support.private_postgres import PrivatePostgres, private_postgres
+from tests.support.services import free_port, wait_for
 from worker.engine.default_model import resolve_model
 
 PROMPTS = [f"Write one sentence about the number {i}." for i in range(1000)]

@@ -98,7 +98,7 @@ def write_model(path: Path, tiny: bool) -> Path:
     from transformers import LlamaConfig
 
     sys.path.insert(0, str(REPO))
-    from tests.tiny_models import build_tokenizer
+    from tests.support.tiny_models import build_tokenizer
 
     tokenizer = build_tokenizer()
     shape = TINY | {"vocab_size": len(tokenizer)} if tiny else LLAMA_31_8B

@@ -8,14 +8,14 @@ import torch
 
 from core.settings import Settings
 from pagedq import cli
-from tests.jobs_client import Database
-from tests.services import database_from, migrated_template, redis_url
-from tests.tiny_models import make_tiny_model
+from tests.support.jobs_client import Database
+from tests.support.services import database_from, migrated_template, redis_url
+from tests.support.tiny_models import make_tiny_model
 
 torch.set_num_threads(max(1, os.cpu_count() or 1))
 
 # Triton kernels run in this process only on CUDA or under TRITON_INTERPRET=1; elsewhere
-# tests/test_kernels_interpreted.py runs that module in a child process with the interpreter.
+# tests/kernels/test_kernels_interpreted.py runs that module in a child process with the interpreter.
 if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
     collect_ignore = ["test_kernels_triton.py"]
 

@@ -5,7 +5,7 @@ import random
 from pathlib import Path
 
 from bench.gpu_throughput import LLAMA_31_8B
-from tests.tiny_models import CORPUS, make_tiny_model
+from tests.support.tiny_models import CORPUS, make_tiny_model
 
 # Llama-3.1-8B's attention (32 query heads over 8 KV heads of 128, llama3 RoPE) in a few thin layers.
 REAL_HEADS = dict(

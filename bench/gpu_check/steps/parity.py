@@ -22,7 +22,7 @@ def run(ctx: Context) -> Outcome:
     import torch
 
     from contract.sampling import SamplingParams
-    from tests.reference import HFReference, chosen_logprobs
+    from tests.support.reference import HFReference, chosen_logprobs
     from worker.engine import LLM
 
     size = DRY if ctx.dry_run else FULL

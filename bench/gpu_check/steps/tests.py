@@ -1,6 +1,6 @@
 """Step 2: the tests marked ``gpu`` (the Triton kernels at real sizes against their torch references:
 paged attention over mixed prefill + decode batches with GQA, split-K decodes, write-KV, RMSNorm, SiLU*mul;
-CUDA graphs), and the rest of tests/test_kernels_triton.py compiled for the GPU.
+CUDA graphs), and the rest of tests/kernels/test_kernels_triton.py compiled for the GPU.
 
 Dry run: the ``gpu`` tests are collected and skip, and a few kernel tests run under ``TRITON_INTERPRET=1``.
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 from bench.gpu_check.outcome import FAIL, NEEDS_CUDA, PASS, Context, Outcome
 
 REPO = Path(__file__).resolve().parents[3]
-KERNELS = "tests/test_kernels_triton.py"
+KERNELS = "tests/kernels/test_kernels_triton.py"
 # Under the interpreter: GQA attention over a mixed batch, write-KV, RMSNorm, SiLU*mul, the whole model.
 INTERPRETED = "dtype0-64-4-16 or write_kv or rms_norm or silu or engine_through"
 

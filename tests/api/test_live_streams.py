@@ -1,0 +1,188 @@
+"""A job's live stream in Redis: the worker's ``TokenStreamer`` writes it, the API's ``LiveStreams`` reads it.
+
+Against the real Redis: entries come in order and each once, whether read from the stream or as they
+are published; a lost message is read from the stream; a requeued run starts over, and a stale run's
+entries are refused.
+"""
+
+import asyncio
+import uuid
+from collections.abc import Awaitable, Callable, Iterator
+from typing import TypeVar
+
+import pytest
+import redis
+
+from api import live
+from api.live import LiveStreams
+from core.streams import StreamEntry, channel_key, stream_key
+from tests.support.services import async_wait_for, redis_url, wait_for
+from worker.streamer import TokenStreamer
+
+
+@pytest.fixture
+def url() -> str:
+    return redis_url()
+
+
+@pytest.fixture
+def job_id(url: str) -> Iterator[str]:
+    job = f"job_test_{uuid.uuid4().hex[:12]}"
+    yield job
+    redis.Redis.from_url(url).delete(stream_key(job))
+
+
+@pytest.fixture
+def streamer(url: str) -> Iterator[TokenStreamer]:
+    """The worker's writer."""
+    writer = TokenStreamer(url)
+    yield writer
+    writer.close()
+
+
+@pytest.fixture(autouse=True)
+def _quick_idle_checks(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(live, "IDLE_CHECK_S", 0.2)
+
+
+T = TypeVar("T")
+
+
+def with_live_streams(url: str, scenario: Callable[[LiveStreams], Awaitable[T]]) -> T:
+    """Runs ``scenario`` in a fresh event loop with the API's reader, closed afterwards."""
+
+    async def run() -> T:
+        streams = LiveStreams(url)
+        try:
+            return await scenario(streams)
+        finally:
+            await streams.close()
+
+    return asyncio.run(run())
+
+
+async def read_until_end(
+    streams: LiveStreams, job_id: str, ends: int = 1, read: list[StreamEntry] | None = None
+) -> list[StreamEntry]:
+    """Every entry until the ``ends``-th end (into ``read`` as they come), failing after 10 s."""
+    read = [] if read is None else read
+    async with asyncio.timeout(10):
+        async for entry in streams.entries(job_id):
+            if entry is not None:
+                read.append(entry)
+                ends -= entry.end
+                if not ends:
+                    return read
+    return read
+
+
+def texts(entries: list[StreamEntry]) -> list[tuple[int, str, bool]]:
+    return [(e.attempt, e.text, e.end) for e in entries]
+
+
+def stream_length(url: str, job_id: str) -> int:
+    return redis.Redis.from_url(url).xlen(stream_key(job_id))
+
+
+def subscribers(url: str, job_id: str) -> int:
+    """The connections subscribed to the job's channel."""
+    return dict(redis.Redis.from_url(url).pubsub_numsub(channel_key(job_id)))[channel_key(job_id).encode()]
+
+
+async def subscribed(url: str, job_id: str) -> None:
+    await async_wait_for(lambda: subscribers(url, job_id) == 1, 5, "the reader to subscribe")
+
+
+def test_a_reader_gets_what_was_written_so_far_then_each_new_piece_once(
+    url: str, job_id: str, streamer: TokenStreamer
+) -> None:
+    async def scenario(streams: LiveStreams) -> list[StreamEntry]:
+        for piece in ("Hello", ",", " wor"):
+            streamer.put(job_id, 1, piece, finished=False)
+        wait_for(lambda: stream_length(url, job_id) == 3, 5, "the first pieces")
+        read: list[StreamEntry] = []
+        reader = asyncio.create_task(read_until_end(streams, job_id, read=read))
+        # Subscribed, it has read the stream: the rest comes as published pieces.
+        await async_wait_for(lambda: len(read) == 3, 5, "the reader to read the stream")
+        for piece, finished in (("ld", False), ("!", False), ("", True)):
+            streamer.put(job_id, 1, piece, finished)
+        return await reader
+
+    read = with_live_streams(url, scenario)
+    assert "".join(e.text for e in read) == "Hello, world!"
+    assert [e.position for e in read] == [(1, seq) for seq in range(1, 7)] and read[-1].end
+    assert redis.Redis.from_url(url).ttl(stream_key(job_id)) > 0
+
+
+def test_a_message_lost_on_the_channel_is_read_from_the_stream(url: str, job_id: str) -> None:
+    worker = redis.Redis.from_url(url)
+
+    def write(entry: StreamEntry, publish: bool = True) -> None:
+        worker.xadd(stream_key(job_id), entry.fields(), id=entry.entry_id)
+        if publish:
+            worker.publish(channel_key(job_id), entry.message())
+
+    async def scenario(streams: LiveStreams) -> list[StreamEntry]:
+        read: list[StreamEntry] = []
+        reader = asyncio.create_task(read_until_end(streams, job_id, read=read))
+        await subscribed(url, job_id)
+        write(StreamEntry(1, 1, "one "))
+        await async_wait_for(lambda: len(read) == 1, 5, "the first entry")  # past its first stream read
+        write(StreamEntry(1, 2, "two "), publish=False)  # in the stream, but its message is lost
+        write(StreamEntry(1, 3, "three", end=True))
+        return await reader
+
+    read = with_live_streams(url, scenario)
+    assert texts(read) == [(1, "one ", False), (1, "two ", False), (1, "three", True)]
+
+
+def test_a_requeued_run_starts_over_and_a_stale_run_is_refused(
+    url: str, job_id: str, streamer: TokenStreamer
+) -> None:
+    async def scenario(streams: LiveStreams) -> list[StreamEntry]:
+        reader = asyncio.create_task(read_until_end(streams, job_id, ends=2))
+        await subscribed(url, job_id)
+        streamer.put(job_id, 1, "first", finished=False)
+        streamer.put(job_id, 1, " run", finished=True)  # aborted to be requeued
+        wait_for(lambda: stream_length(url, job_id) == 2, 5, "the first run")
+        streamer.put(job_id, 2, "second", finished=False)
+        wait_for(lambda: stream_length(url, job_id) == 3, 5, "the second run")
+        streamer.put(job_id, 1, " stale", finished=False)  # the first run, on a worker presumed dead
+        streamer.put(job_id, 2, " run", finished=True)
+        return await reader
+
+    read = with_live_streams(url, scenario)
+    assert texts(read) == [(1, "first", False), (1, " run", True), (2, "second", False), (2, " run", True)]
+    stored = redis.Redis.from_url(url).xrange(stream_key(job_id))
+    assert b" stale" not in [fields.get(b"text") for _, fields in stored]
+
+
+def test_readers_of_one_job_share_a_subscription_and_leave_none_behind(
+    url: str, job_id: str, streamer: TokenStreamer
+) -> None:
+    async def scenario(streams: LiveStreams) -> tuple[list[StreamEntry], list[StreamEntry], int]:
+        readers = [asyncio.create_task(read_until_end(streams, job_id)) for _ in range(2)]
+        await subscribed(url, job_id)  # the first reader; the second joined it in the same turn of the loop
+        during = subscribers(url, job_id)
+        for piece in ("a", "b", "c"):
+            streamer.put(job_id, 1, piece, finished=piece == "c")
+        first, second = await asyncio.gather(*readers)
+        await async_wait_for(lambda: subscribers(url, job_id) == 0, 5, "the readers to leave no subscription")
+        return first, second, during
+
+    first, second, during = with_live_streams(url, scenario)
+    assert during == 1
+    assert texts(first) == texts(second) == [(1, "a", False), (1, "b", False), (1, "c", True)]
+
+
+def test_a_quiet_stream_says_so_at_each_idle_check(url: str, job_id: str) -> None:
+    async def scenario(streams: LiveStreams) -> list[StreamEntry | None]:
+        heard: list[StreamEntry | None] = []
+        async with asyncio.timeout(5):
+            async for entry in streams.entries(job_id):
+                heard.append(entry)
+                if len(heard) == 2:
+                    break
+        return heard
+
+    assert with_live_streams(url, scenario) == [None, None]

@@ -1,0 +1,111 @@
+"""The C++ CPU kernels (kernels/cpu_kernels.cpp) against the torch reference and a dense float64
+attention. The first run on a machine builds them (~15-30 s on 2 cores; cached in ~/.cache/pagedq).
+Under ``CI=true`` a build failure fails here instead of skipping."""
+
+import logging
+import os
+import threading
+
+import pytest
+import torch
+
+import kernels.cpu
+from kernels import dispatch, reference
+from tests.kernels.test_kernels_reference import MIXED, check_mixed_batch
+
+ROUNDING = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 2e-3}
+
+
+@pytest.fixture(autouse=True)
+def cpu_backend(monkeypatch):
+    if not kernels.cpu.available():
+        if os.environ.get("CI"):
+            pytest.fail("the CPU kernels did not build; see the warning in the log")
+        pytest.skip("the CPU kernels did not build")
+    monkeypatch.setenv(dispatch.BACKEND_ENV, "cpu")
+
+
+def test_dispatch_picks_the_cpu_kernels_for_cpu_tensors_by_default(monkeypatch):
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert dispatch.backend_for(cpu) == "cpu"
+    assert dispatch.backend_for(cuda) == "torch"  # the CPU kernels never take a GPU tensor
+    monkeypatch.delenv(dispatch.BACKEND_ENV)
+    assert dispatch.backend_for(cpu) == "cpu"
+    assert dispatch.backend_for(cuda) == "triton"
+    monkeypatch.setenv(dispatch.BACKEND_ENV, "torch")
+    assert dispatch.backend_for(cpu) == "torch"
+
+
+@pytest.mark.parametrize("block_size", [16, 32])
+@pytest.mark.parametrize("group", [1, 3, 4])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_paged_attention_mixed_batch(block_size, group, dtype):
+    check_mixed_batch(MIXED, block_size, group, dtype, ROUNDING[dtype])
+
+
+def test_paged_attention_accepts_a_strided_query():
+    """The model passes q as a view into the fused qkv projection's output."""
+    check = torch.Generator().manual_seed(5)
+    meta_args = ([1, 3], [20, 3], [[2, 1], [3]], 16)
+    from tests.kernels.test_kernels_reference import make_meta
+
+    meta = make_meta(*meta_args)
+    k_cache, v_cache = (torch.randn(4, 16, 2, 32, generator=check) for _ in range(2))
+    qkv = torch.randn(4, 6, 32, generator=check)
+    query = qkv[:, :4]
+    got = dispatch.paged_attention(query, k_cache, v_cache, meta, 0.2)
+    want = reference.paged_attention(query, k_cache, v_cache, meta, 0.2)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_elementwise_kernels_match_the_reference(dtype):
+    gen = torch.Generator().manual_seed(6)
+    x, residual = (torch.randn(5, 96, generator=gen).to(dtype) for _ in range(2))
+    weight = torch.rand(96, generator=gen).to(dtype) + 0.5
+    close = {"atol": ROUNDING[dtype], "rtol": ROUNDING[dtype]}
+
+    normed, total = dispatch.add_rms_norm(x, residual, weight, 1e-5)
+    want_normed, want_total = reference.add_rms_norm(x, residual, weight, 1e-5)
+    assert torch.equal(total, want_total)
+    torch.testing.assert_close(normed, want_normed, **close)
+
+    gate_up = torch.randn(5, 2 * 70, generator=gen).to(dtype)
+    torch.testing.assert_close(dispatch.silu_and_mul(gate_up), reference.silu_and_mul(gate_up), **close)
+
+    qk = torch.randn(5, 7, 32, generator=gen).to(dtype)[:, 1:6]  # strided, as a view of qkv's output
+    cos, sin = (torch.randn(5, 1, 32, generator=gen).to(dtype) for _ in range(2))
+    want = reference.rotate(qk, cos, sin)
+    assert dispatch.rotate(qk, cos, sin) is qk  # in place
+    torch.testing.assert_close(qk, want, **close)
+
+
+def test_a_failed_build_falls_back_to_the_reference_and_says_so_once(monkeypatch, tmp_path, caplog):
+    kernels.cpu.available.cache_clear()
+    monkeypatch.setattr(kernels.cpu, "SOURCE", tmp_path / "broken.cpp")
+    (tmp_path / "broken.cpp").write_text("this is not C++\n")
+    monkeypatch.setenv(kernels.cpu.DIR_ENV, str(tmp_path / "build"))
+    try:
+        with caplog.at_level(logging.WARNING, logger="pagedq.kernels"):
+            assert dispatch.backend_for(torch.device("cpu")) == "torch"
+            assert dispatch.backend_for(torch.device("cpu")) == "torch"
+        assert [r.message.startswith("CPU kernels unavailable") for r in caplog.records] == [True]
+    finally:
+        kernels.cpu.available.cache_clear()
+
+
+@pytest.mark.parametrize("in_place_max_query", [1, 10**6])
+def test_prefills_in_place_or_through_sdpa(monkeypatch, in_place_max_query):
+    """Only decodes in the kernel (long prefills via SDPA), or every sequence in the kernel."""
+    monkeypatch.setattr(kernels.cpu, "IN_PLACE_MAX_QUERY", in_place_max_query)
+    check_mixed_batch(MIXED, 16, 3, torch.float32, ROUNDING[torch.float32])
+
+
+def test_a_lock_left_by_a_killed_build_does_not_block_the_next():
+    """cpp_extension's lock file, left behind by a build that died, would make every later load wait."""
+    (kernels.cpu.build_dir() / "lock").touch()
+    kernels.cpu.available.cache_clear()
+    loader = threading.Thread(target=kernels.cpu.available, daemon=True)
+    loader.start()
+    loader.join(120)
+    assert not loader.is_alive() and kernels.cpu.available()

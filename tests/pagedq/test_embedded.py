@@ -1,0 +1,78 @@
+"""``pagedq up``: API and worker in one command, on SQLite and a local-disk broker; jobs survive restarts."""
+
+import signal
+from pathlib import Path
+
+import httpx
+
+from core.settings import Settings
+from tests.support.services import Process, free_port, service_env, wait_for
+
+
+def start_up(settings: Settings, log: Path, key: str = "") -> tuple[Process, httpx.Client]:
+    """``pagedq up`` with ``settings``, and a client that sends ``key`` (when auth is on) once it is ready."""
+    process = Process(["up"], service_env(settings), log)
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    client = httpx.Client(base_url=f"http://{settings.host}:{settings.port}", timeout=30, headers=headers)
+
+    def ready() -> bool:
+        try:
+            return client.get("/readyz").status_code == 200
+        except httpx.TransportError:
+            assert process.popen.poll() is None, process.log()[-3000:]
+            return False
+
+    wait_for(ready, 120, "pagedq up to answer /readyz", interval=0.2)
+    # /readyz is 200 once the worker heartbeats, a moment before it consumes: a batch made in that moment
+    # waits for the reconciler (PAGEDQ_REQUEUE_AFTER). Its "worker ready" log line says it consumes.
+    wait_for(lambda: '"worker ready"' in process.log(), 30, "the worker to consume", interval=0.1)
+    return process, client
+
+
+def embedded_settings(tiny_llama: Path, tmp_path: Path) -> Settings:
+    return Settings(
+        data_dir=tmp_path / "data",
+        model=str(tiny_llama),
+        port=free_port(),
+        device="cpu",
+        kv_cache_bytes=64 * 2**20,
+        shutdown_grace=0.2,
+        flush_interval=0.1,
+    )
+
+
+def test_pagedq_up_runs_jobs_on_sqlite_and_they_survive_a_restart(tiny_llama: Path, tmp_path: Path) -> None:
+    settings = embedded_settings(tiny_llama, tmp_path)
+    process, client = start_up(settings, tmp_path / "up1.log")
+    try:
+        quick = client.post(
+            "/v1/jobs",
+            json={"prompt": "hello", "max_tokens": 8, "ignore_eos": True},
+            headers={"Prefer": "wait=60"},
+        ).json()
+        assert quick["status"] == "succeeded", quick
+        assert quick["usage"]["completion_tokens"] == len(quick["timings"]["token_times_ms"]) == 8
+        long = client.post("/v1/jobs", json={"prompt": "hi", "max_tokens": 1000, "ignore_eos": True}).json()
+        wait_for(
+            lambda: client.get(f"/v1/jobs/{long['id']}").json()["usage"]["completion_tokens"] > 0,
+            60,
+            "the long job to be running",
+        )
+    finally:
+        process.signal(signal.SIGTERM)
+        assert process.popen.wait(60) == 0, process.log()[-3000:]
+    assert "(open, no API keys, to all on 127.0.0.1)" in process.log()  # its startup line says so
+    assert (settings.data_dir / "pagedq.db").is_file()
+
+    process, client = start_up(settings, tmp_path / "up2.log")
+    try:
+        assert client.get(f"/v1/jobs/{quick['id']}").json()["output"] == quick["output"]
+        wait_for(
+            lambda: client.get(f"/v1/jobs/{long['id']}").json()["status"] == "succeeded",
+            120,
+            "the requeued job to run again and finish",
+        )
+        final = client.get(f"/v1/jobs/{long['id']}").json()
+        assert final["attempt"] == 2 and final["usage"]["completion_tokens"] == 1000
+    finally:
+        process.stop()

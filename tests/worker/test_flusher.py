@@ -1,0 +1,186 @@
+"""The worker's writer alone (worker/flusher.py), on the real PostgreSQL without Celery or an engine: the test
+plays the engine loop (it ends runs, and records the aborts the flusher asks for). Progress and results are
+written and runs let go; cancels and a drain's deadline abort runs as asked, a requeue is published; a run
+another worker took over is aborted; writes wait out a database outage, unhealthy meanwhile, and a drain
+gives up what it still cannot write."""
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import update
+
+from core.db import make_db_engine, make_sessionmaker
+from core.models import Job, Worker
+from core.settings import Settings
+from core.states import JobStatus
+from tests.support.roles import MODEL, add_job, database_away, row
+from tests.support.services import wait_for
+from worker.drain import Drain
+from worker.engine import CompletionOutput, RequestMetrics, RequestOutput
+from worker.flights import Flight, Flights
+from worker.flusher import Flusher
+from worker.health import WorkerHealth, check
+from worker.results import JobResult
+from worker.store import JobStore
+
+
+@pytest.fixture
+def store(service_settings: Settings) -> Iterator[JobStore]:
+    engine = make_db_engine(service_settings)
+    yield JobStore(make_sessionmaker(engine), MODEL)
+    engine.dispose()
+
+
+class Recorder:
+    """The flusher's view of the engine loop and the broker: what it asked to abort and to publish."""
+
+    def __init__(self) -> None:
+        self.aborted: list[Flight] = []
+        self.published: list[tuple[str, int]] = []
+
+    def publish(self, job_id: str, priority: int) -> None:
+        self.published.append((job_id, priority))
+
+
+@pytest.fixture
+def recorder() -> Recorder:
+    return Recorder()
+
+
+@pytest.fixture
+def flusher(store: JobStore, recorder: Recorder, tmp_path: Path) -> Iterator[Flusher]:
+    health = WorkerHealth(tmp_path / "worker-status.json", refresh_every=1.0, worker_id="w1")
+    writer = Flusher(
+        Flights(),
+        store,
+        Drain(write_grace=0.5),
+        health,
+        "w1",
+        flush_interval=0.05,
+        heartbeat_interval=0.2,
+        publish=recorder.publish,
+        abort=recorder.aborted.append,
+        engine_stats=lambda: {"num_running": 0, "num_generated_tokens": 0},
+    )
+    writer.start()
+    yield writer
+    writer.stop()
+
+
+def claimed(store: JobStore, flights: Flights) -> Flight:
+    """A queued job claimed by this worker, its run held, as the claimer leaves it."""
+    job = store.claim(add_job(store), "w1")
+    assert job is not None
+    run = Flight(job, JobResult.of(job.params))
+    flights.add(run)
+    return run
+
+
+def produce(flights: Flights, run: Flight, text: str) -> None:
+    """One token of output, folded in as the engine loop does."""
+    now = time.monotonic()
+    sample = CompletionOutput(0, text, [7])
+    output = RequestOutput(
+        run.request_id, None, [1], [sample], False, RequestMetrics(now, now, now, None, [now])
+    )
+    flights.fold(run, output, lambda token: text)
+
+
+def health_line(flusher: Flusher) -> str:
+    return check(flusher.health.path, stale_after=60)[1]
+
+
+def test_progress_then_the_result_is_written_and_the_run_let_go(store, flusher):
+    run = claimed(store, flusher.flights)
+    produce(flusher.flights, run, "Once")
+    wait_for(lambda: row(store, run.job.id).output_text == "Once", 10, "the progress to be written")
+    assert not run.done.is_set()
+
+    produce(flusher.flights, run, " upon")
+    flusher.flights.end(run, JobStatus.SUCCEEDED, finish_reason="length")
+    assert run.done.wait(10)
+    job = row(store, run.job.id)
+    assert (job.status, job.output_text, job.completion_tokens, job.finish_reason) == (
+        "succeeded",
+        "Once upon",
+        2,
+        "length",
+    )
+    assert len(flusher.flights) == 0 and not run.unwritten
+    with store.sessions() as session:  # it heartbeats with the engine's stats
+        assert session.get_one(Worker, "w1").stats["num_running"] == 0
+    assert health_line(flusher).startswith("healthy")
+
+
+def test_a_cancel_request_aborts_the_run_which_ends_cancelled(store, flusher, recorder):
+    run = claimed(store, flusher.flights)
+    with store.sessions.begin() as session:
+        session.execute(update(Job).where(Job.id == run.job.id).values(cancel_requested=True))
+    wait_for(lambda: recorder.aborted, 10, "the cancel to be polled")
+    assert recorder.aborted == [run] and run.abort_as == JobStatus.CANCELLED
+
+    flusher.flights.end(run, JobStatus.CANCELLED, finish_reason="abort")  # the engine's abort came out
+    assert run.done.wait(10) and row(store, run.job.id).status == JobStatus.CANCELLED
+    assert recorder.aborted == [run]  # asked once
+
+
+def test_a_drain_requeues_and_publishes_the_runs_its_deadline_finds_running(store, flusher, recorder):
+    run, done = claimed(store, flusher.flights), claimed(store, flusher.flights)
+    flusher.flights.end(done, JobStatus.SUCCEEDED, finish_reason="stop")
+    flusher.begin_drain(grace=0.0)
+    wait_for(lambda: recorder.aborted, 10, "the drain's deadline to abort the running job")
+    assert recorder.aborted == [run] and run.abort_as == JobStatus.QUEUED
+
+    flusher.flights.end(run, JobStatus.QUEUED, finish_reason="abort")
+    assert run.done.wait(10) and done.done.wait(10)
+    assert recorder.published == [(run.job.id, 0)]
+    assert row(store, run.job.id).status == JobStatus.QUEUED and row(store, done.job.id).status == "succeeded"
+    assert not run.unwritten
+
+    flusher.stop()  # leaves the workers table and says so
+    with store.sessions() as session:
+        assert session.get(Worker, "w1") is None
+    assert health_line(flusher) == "stopped: worker w1"
+
+
+def test_a_run_another_worker_took_over_is_aborted_and_let_go(store, flusher, recorder):
+    run = claimed(store, flusher.flights)
+    with store.sessions.begin() as session:  # we were presumed dead: the job runs elsewhere now
+        session.execute(update(Job).where(Job.id == run.job.id).values(attempt=2, worker_id="w2"))
+    produce(flusher.flights, run, "stale")
+    assert run.done.wait(10)
+    assert recorder.aborted == [run] and not run.unwritten
+    job = row(store, run.job.id)
+    assert (job.attempt, job.worker_id, job.output_text) == (2, "w2", "")
+
+
+def test_writes_wait_out_a_database_outage_and_the_worker_is_unhealthy_meanwhile(
+    service_settings, store, flusher
+):
+    run = claimed(store, flusher.flights)
+    wait_for(lambda: health_line(flusher).startswith("healthy"), 10, "a first round to go through")
+    with database_away(service_settings.database_url):
+        produce(flusher.flights, run, "kept")
+        flusher.flights.end(run, JobStatus.SUCCEEDED, finish_reason="length")
+        unhealthy = "unhealthy: cannot write to the database since"
+        wait_for(lambda: health_line(flusher).startswith(unhealthy), 10, "the worker to say it is unhealthy")
+        assert not run.done.is_set()
+    assert run.done.wait(30)
+    job = row(store, run.job.id)
+    assert (job.status, job.output_text) == ("succeeded", "kept")
+    wait_for(lambda: health_line(flusher).startswith("healthy"), 10, "the worker to be healthy again")
+
+
+def test_a_drain_gives_up_the_runs_it_still_cannot_write_and_they_go_back(
+    service_settings, store, flusher, recorder
+):
+    run = claimed(store, flusher.flights)
+    with database_away(service_settings.database_url):
+        flusher.flights.end(run, JobStatus.SUCCEEDED, finish_reason="length")
+        flusher.begin_drain(grace=0.0)  # writes are retried for the drain's write grace, then given up
+        assert run.done.wait(10)
+        assert run.unwritten and recorder.aborted == [run] and len(flusher.flights) == 0
+    job = row(store, run.job.id)  # still running, ours: requeued once our heartbeat ages
+    assert (job.status, job.worker_id) == (JobStatus.RUNNING, "w1")

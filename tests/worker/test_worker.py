@@ -1,0 +1,229 @@
+"""The worker against the real PostgreSQL, Redis and Celery: results, batching, cancellation, faults."""
+
+import signal
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import redis
+from sqlalchemy import select
+
+from core.models import WebhookDelivery, storable
+from core.queue import queue_name
+from core.settings import Settings
+from tests.support.jobs_client import Database, api_client, start_worker, submit
+from tests.support.services import Process, service_env, wait_for
+from worker.engine import LLM, SamplingParams
+
+PROMPTS = [f"The quick brown fox {i} jumps over" for i in range(100)]
+
+
+@pytest.fixture
+def workers(service_settings: Settings, db: Database, tmp_path: Path) -> Iterator[list[Process]]:
+    """The workers a test spawned; all are stopped at its end."""
+    started: list[Process] = []
+    yield started
+    for worker in started:
+        worker.stop()
+
+
+def spawn(settings: Settings, db: Database, workers: list[Process], tmp_path: Path, **overrides: object):
+    worker = start_worker(settings.model_copy(update=overrides), db, tmp_path / f"worker{len(workers)}.log")
+    workers.append(worker)
+    return worker
+
+
+def submit_greedy(client, prompt: str, max_tokens: int) -> str:
+    return submit(client, prompt=prompt, max_tokens=max_tokens, temperature=0, ignore_eos=True)
+
+
+def greedy(settings: Settings, prompts: list[str], max_tokens: int) -> list[str]:
+    llm = LLM(settings.model, device="cpu", dtype="float32", kv_cache_bytes=64 * 2**20)
+    outputs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True))
+    return [storable(out.outputs[0].text) for out in outputs]  # as the database stores it
+
+
+def test_job_result_matches_the_engine_and_has_one_timing_per_token(service_settings, db, workers, tmp_path):
+    spawn(service_settings, db, workers, tmp_path)
+    with api_client(service_settings) as client:
+        job_id = submit_greedy(client, PROMPTS[0], 24)
+        [job] = db.wait_until([job_id], {"succeeded"}, timeout=60)
+        body = client.get(f"/v1/jobs/{job_id}").json()
+    assert job.output_text == greedy(service_settings, PROMPTS[:1], 24)[0]
+    assert job.completion_tokens == 24 == len(job.token_times_ms)
+    assert job.token_times_ms == sorted(job.token_times_ms) and job.token_times_ms[0] >= 0
+    assert job.queued_at <= job.started_at <= job.first_token_at <= job.finished_at
+    assert job.attempt == 1 and job.finish_reason == "length"
+    assert body["status"] == "succeeded" and body["timings"]["token_times_ms"] == job.token_times_ms
+
+
+def test_hundred_concurrent_jobs_batch_together_in_one_engine(service_settings, db, workers, tmp_path):
+    worker = spawn(service_settings, db, workers, tmp_path)
+    with api_client(service_settings) as client, ThreadPoolExecutor(8) as pool:
+        ids = list(pool.map(lambda p: submit_greedy(client, p, 16), PROMPTS))
+    jobs = db.wait_until(ids, {"succeeded"}, timeout=180)
+    assert [job.output_text for job in jobs] == greedy(service_settings, PROMPTS, 16)
+    stats = db.worker_stats(worker.popen.pid)
+    assert stats is not None and stats["peak_running"] > 1, stats
+
+
+def test_cancelling_a_running_job_aborts_it_and_keeps_its_partial_output(
+    service_settings, db, workers, tmp_path
+):
+    worker = spawn(service_settings, db, workers, tmp_path)
+    with api_client(service_settings) as client:
+        job_id = submit_greedy(client, PROMPTS[0], 900)
+        wait_for(lambda: db.jobs([job_id])[0].completion_tokens > 0, 60, "partial output to be flushed")
+        assert client.post(f"/v1/jobs/{job_id}/cancel").status_code == 202
+        [job] = db.wait_until([job_id], {"cancelled"}, timeout=1.5)
+    assert 0 < job.completion_tokens < 900 and job.output_text
+    assert len(job.token_times_ms) == job.completion_tokens
+    wait_for(
+        lambda: (
+            (s := db.worker_stats(worker.popen.pid)) and s["num_running"] == 0 and s["kv_cache_usage"] == 0
+        ),
+        5,
+        "the engine to free the job's KV blocks",
+    )
+
+
+def test_killed_worker_loses_no_job_and_every_job_succeeds_once(service_settings, db, workers, tmp_path):
+    first = spawn(service_settings, db, workers, tmp_path, max_num_seqs=8)
+    prompts = PROMPTS[:50]
+    with api_client(service_settings) as client:
+        ids = [submit_greedy(client, p, 48) for p in prompts]
+
+    def some_done_some_running() -> bool:  # jobs run in waves of 8: not between two waves
+        statuses = [j.status for j in db.jobs(ids)]
+        return statuses.count("succeeded") >= 5 and "running" in statuses
+
+    wait_for(some_done_some_running, 120, "some jobs to finish while others run")
+    first.kill()
+    killed_running = {j.id for j in db.jobs(ids) if j.status == "running"}
+    assert killed_running, "the kill should land while jobs are running"
+    spawn(service_settings, db, workers, tmp_path, max_num_seqs=8)
+    jobs = db.wait_until(ids, {"succeeded"}, timeout=240)
+    assert [job.output_text for job in jobs] == greedy(service_settings, prompts, 48)
+    assert all(job.completion_tokens == 48 == len(job.token_times_ms) for job in jobs)
+    assert {j.id for j in jobs if j.attempt == 2} >= killed_running
+
+
+def test_a_job_that_kills_its_worker_fails_after_max_attempts_with_its_webhook_event(
+    service_settings, db, workers, tmp_path
+):
+    settings = service_settings.model_copy(update={"max_attempts": 1, "webhook_allow_private": True})
+    pair = [Process(["worker"], service_env(settings), tmp_path / f"worker{i}.log") for i in range(2)]
+    workers.extend(pair)  # started side by side: one runs the job, the other's reconciler finds it orphaned
+    wait_for(lambda: all(db.worker_stats(w.popen.pid) for w in pair), 120, "both workers to register")
+    with api_client(settings) as client:
+        job_id = submit(
+            client, prompt=PROMPTS[0], max_tokens=900, ignore_eos=True, webhook_url="http://127.0.0.1:9/"
+        )
+    wait_for(lambda: db.jobs([job_id])[0].completion_tokens > 0, 60, "the job to start")
+    owner = db.jobs([job_id])[0].worker_id or ""
+    [running] = [w for w in pair if owner.endswith(f":{w.popen.pid}")]
+    running.kill()  # as a job that crashes its worker would; it was the job's last allowed attempt
+    [job] = db.wait_until([job_id], {"failed"}, timeout=30)
+    assert job.attempt == 1 and job.error.startswith("abandoned by 1 workers (PAGEDQ_MAX_ATTEMPTS=1)")
+    with db.sessions() as session:
+        events = session.scalars(select(WebhookDelivery.event_type).where(WebhookDelivery.job_id == job_id))
+        assert list(events) == ["job.failed"]
+
+
+def test_sigterm_requeues_jobs_that_outlast_the_grace_period(service_settings, db, workers, tmp_path):
+    first = spawn(service_settings, db, workers, tmp_path, shutdown_grace=0.5)
+    with api_client(service_settings) as client:
+        job_id = submit_greedy(client, PROMPTS[0], 900)
+    wait_for(lambda: db.jobs([job_id])[0].completion_tokens > 0, 60, "the job to start")
+    first.signal(signal.SIGTERM)
+    assert first.popen.wait(30) == 0, first.log()[-3000:]
+    [job] = db.jobs([job_id])
+    assert job.status == "queued" and job.attempt == 1 and job.worker_id is None
+    spawn(service_settings, db, workers, tmp_path)
+    [job] = db.wait_until([job_id], {"succeeded"}, timeout=120)
+    assert job.attempt == 2 and job.completion_tokens == 900
+
+
+def test_sigterm_lets_short_jobs_finish_within_the_grace_period(service_settings, db, workers, tmp_path):
+    # Queued before the worker starts, so its threads claim all four at once; long enough that none ends
+    # before the last is claimed (the tiny model makes 200 tokens in well under a second).
+    with api_client(service_settings) as client:
+        ids = [submit(client, prompt=p, max_tokens=800, ignore_eos=True) for p in PROMPTS[:4]]
+    first = spawn(service_settings, db, workers, tmp_path, shutdown_grace=30)
+    wait_for(lambda: all(j.status == "running" for j in db.jobs(ids)), 60, "the jobs to start")
+    first.signal(signal.SIGTERM)
+    assert first.popen.wait(60) == 0, first.log()[-3000:]
+    assert all(job.status == "succeeded" and job.attempt == 1 for job in db.jobs(ids))
+
+
+def test_queued_job_whose_message_was_lost_is_republished(service_settings, db, workers, tmp_path):
+    with api_client(service_settings) as client:
+        job_id = submit(client, prompt=PROMPTS[0], max_tokens=8)
+    broker = redis.Redis.from_url(service_settings.resolved_broker_url)
+    lost = broker.keys(queue_name(service_settings.served_model_name) + "*")
+    assert lost and broker.delete(*lost) >= 1
+    spawn(service_settings, db, workers, tmp_path)
+    [job] = db.wait_until([job_id], {"succeeded"}, timeout=60)
+    assert job.attempt == 1
+
+
+def test_a_lost_message_is_republished_while_the_queue_never_drains(service_settings, db, workers, tmp_path):
+    broker = redis.Redis.from_url(service_settings.resolved_broker_url)
+    queue = queue_name(service_settings.served_model_name)
+    with api_client(service_settings) as client:
+        lost = submit(client, prompt=PROMPTS[0], max_tokens=8)
+        assert broker.delete(*broker.keys(queue + "*")) >= 1  # its message is gone
+        depths: list[int] = []
+        stop = threading.Event()
+
+        def keep_a_backlog() -> None:  # the one-seat worker never catches up
+            while not stop.is_set():
+                depth = sum(broker.llen(key) for key in broker.keys(queue + "*"))
+                depths.append(depth)
+                if depth < 6:
+                    submit(client, prompt=PROMPTS[len(depths) % 50], max_tokens=8, ignore_eos=True)
+                else:
+                    stop.wait(0.05)  # polls the depth again, or ends at once when told
+
+        with ThreadPoolExecutor(1) as pool:
+            feeding = pool.submit(keep_a_backlog)
+            wait_for(lambda: len(depths) > 0 and depths[-1] >= 6, 30, "a backlog")
+            # Fair share off: with it, the first message would claim the lost job (the oldest), and the
+            # probe, the repair this tests (of broker order, fair share's too), would have nothing to do.
+            spawn(service_settings, db, workers, tmp_path, max_num_seqs=1, fair_share=False)
+            watched_from = len(depths)
+            try:
+                [job] = db.wait_until([lost], {"succeeded"}, timeout=90)
+            finally:
+                stop.set()
+                feeding.result()
+    assert job.attempt == 1
+    assert min(depths[watched_from:]) > 0, "the queue drained; the test proves nothing"
+    assert job.published_at is not None and job.published_at > job.queued_at  # republished
+
+
+def test_a_beam_search_job_returns_every_beam_best_first(service_settings, db, workers, tmp_path):
+    spawn(service_settings, db, workers, tmp_path)
+    params = {"max_tokens": 12, "temperature": 0, "use_beam_search": True, "n": 3}
+    with api_client(service_settings) as client:
+        job_id = submit(client, prompt=PROMPTS[0], **params)
+        db.wait_until([job_id], {"succeeded"}, timeout=60)
+        body = client.get(f"/v1/jobs/{job_id}").json()
+    llm = LLM(service_settings.model, device="cpu", dtype="float32", kv_cache_bytes=64 * 2**20)
+    [want] = llm.generate([PROMPTS[0]], SamplingParams(**params))
+    assert [c["text"] for c in body["choices"]] == [storable(o.text) for o in want.outputs]
+    assert body["output"] == body["choices"][0]["text"] and len(body["choices"]) == 3
+    assert body["usage"]["completion_tokens"] == sum(len(o.token_ids) for o in want.outputs)
+
+
+def test_heartbeat_period_follows_the_timeout_unless_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PAGEDQ_HEARTBEAT_INTERVAL", raising=False)
+    monkeypatch.setenv("PAGEDQ_HEARTBEAT_TIMEOUT", "12")
+    assert Settings().heartbeat_period == 2.0  # six heartbeats per timeout: one lost is no death
+    monkeypatch.setenv("PAGEDQ_HEARTBEAT_INTERVAL", "0.5")
+    assert Settings().heartbeat_period == 0.5
+    monkeypatch.setenv("PAGEDQ_HEARTBEAT_INTERVAL", "12")
+    with pytest.raises(ValueError, match="must be shorter than PAGEDQ_HEARTBEAT_TIMEOUT"):
+        Settings()
