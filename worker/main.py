@@ -101,6 +101,7 @@ def run_worker(settings: Settings, ready_fd: int | None = None) -> None:
         BatchKeeper(store.sessions, outbox),
         Purger(store.sessions, settings.purge_chunk, stream_dropper(settings)),
         settings.purge_interval,
+        host.connectivity,
     )
     register_probe_queue(app, reconciler, connections.turns)
     facts = {"worker_id": worker_id, "model": settings.served_model_name, "queue": queue}
