@@ -184,11 +184,16 @@ class Flusher:
                 self._abort(job_id, JobStatus.CANCELLED)
 
     def _enforce_drain_deadline(self) -> None:
+        """Past the deadline, running jobs are requeued at once, not after the engine's step ends (a long
+        prefill's can take many seconds): the grace is a promise. Their aborts come out of the engine
+        later, to runs already let go."""
         if self.drain.past_deadline():
             for job_id in self.flights.running():
-                self._abort(job_id, JobStatus.QUEUED)
+                if (flight := self._abort(job_id, JobStatus.QUEUED)) is not None:
+                    self.flights.end(flight, JobStatus.QUEUED, finish_reason="abort")
 
-    def _abort(self, job_id: str, abort_as: JobStatus) -> None:
+    def _abort(self, job_id: str, abort_as: JobStatus) -> Flight | None:
         if (flight := self.flights.mark_abort(job_id, abort_as)) is not None:
             logger.info("aborting job", extra={"job_id": job_id, "as": abort_as.value})
             self.abort(flight)
+        return flight

@@ -157,9 +157,9 @@ def engine_host(
 
 
 def handle_signals(host: EngineHost, settings: Settings, facts: dict[str, Any], ready_fd: int | None) -> None:
-    now = threading.Event()
+    now, interrupted = threading.Event(), threading.Event()
 
-    def drain(**_: object) -> None:  # Celery's warm shutdown: SIGTERM, or Ctrl-C
+    def drain(**_: object) -> None:  # Celery's warm shutdown: SIGTERM, or our first Ctrl-C
         host.drain(0.0 if now.is_set() else settings.shutdown_grace)
 
     def stop_now(*_: object) -> None:  # SIGUSR2: requeue what still runs at once (`pagedq up`'s 2nd Ctrl-C)
@@ -167,13 +167,22 @@ def handle_signals(host: EngineHost, settings: Settings, facts: dict[str, Any], 
         host.drain(0.0)
         signal.raise_signal(signal.SIGTERM)  # and stop consuming, if no SIGTERM came before
 
+    def interrupt(*_: object) -> None:  # a standalone worker's Ctrl-C: drain, and on a second, stop now
+        if interrupted.is_set():
+            stop_now()
+            return
+        interrupted.set()
+        logger.info("interrupted: Ctrl-C again requeues the running jobs at once")
+        signal.raise_signal(signal.SIGTERM)
+
     def ready(**_: object) -> None:
         announced = facts | engine_facts(host.loop.engine)
         logger.info("worker ready", extra=announced)
+        # Ctrl-C is ours, not Celery's: Celery takes a second one for a cold shutdown, which its threads
+        # pool cannot do (it logs a NotImplementedError and leaves the jobs running). Under `pagedq up`,
+        # `up` owns it: it stops the API, then sends SIGTERM, then SIGUSR2 for "now".
+        signal.signal(signal.SIGINT, signal.SIG_IGN if ready_fd is not None else interrupt)
         if ready_fd is not None:
-            # `pagedq up` owns Ctrl-C (Celery would take a second one for a cold shutdown, which its
-            # threads pool cannot do): it stops the API, then sends SIGTERM, then SIGUSR2 for "now".
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
             with os.fdopen(ready_fd, "w") as announce:
                 announce.write(json.dumps(announced) + "\n")
 
