@@ -23,7 +23,7 @@ class Usage(BaseModel):
 
 class Timings(BaseModel):
     queued_at: datetime
-    started_at: datetime | None = Field(description="first scheduled by the engine")
+    started_at: datetime | None = Field(description="claimed by a worker: running from then")
     first_token_at: datetime | None
     finished_at: datetime | None
     queue_time_ms: float | None = Field(description="started_at − queued_at")
@@ -202,7 +202,7 @@ class Histogram(BaseModel):
 class BatchLatency(BaseModel):
     jobs: int = Field(description="the batch's jobs that have ended")
     e2e_latency: Histogram = Field(description="queued to finished, of succeeded jobs")
-    queue_time: Histogram = Field(description="queued to first scheduled, of every job that started")
+    queue_time: Histogram = Field(description="queued to claimed, of every job that started")
 
 
 class JobRequest(BaseModel):

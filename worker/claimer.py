@@ -85,7 +85,8 @@ class Claimer:
                 if job is None:
                     logger.info("job not queued, skipping", extra={"job_id": job_id})
                     return RunResult.SKIPPED
-                flight = Flight(job, JobResult.of(job.params))
+                # Running from now: a job says when it started, before a long prefill ends.
+                flight = Flight(job, JobResult.of(job.params, started=time.monotonic()))
                 self.flights.add(flight)
                 return flight
             return RunResult.REFUSED

@@ -17,6 +17,7 @@ from core.settings import Settings
 from core.states import JobStatus
 from tests.support.roles import MODEL, add_job, database_away, row
 from tests.support.services import wait_for
+from worker.claimer import Claimer
 from worker.drain import Drain
 from worker.engine import CompletionOutput, RequestMetrics, RequestOutput
 from worker.flights import Flight, Flights
@@ -179,3 +180,21 @@ def test_a_drain_gives_up_the_runs_it_still_cannot_write_and_they_go_back(
         assert run.unwritten and recorder.aborted == [run] and len(flusher.flights) == 0
     job = row(store, run.job.id)  # still running, ours: requeued once our heartbeat ages
     assert (job.status, job.worker_id) == (JobStatus.RUNNING, "w1")
+
+
+def test_a_claimed_run_says_when_it_started_before_the_engine_has_produced_anything(store, flusher):
+    job_id = add_job(store)
+    started: list[Flight] = []
+    claimer = Claimer(flusher.flights, store, "w1", flusher.drain, started.append, lambda _: 0.05)
+    run = claimer.claim(job_id)
+    assert isinstance(run, Flight)
+    # A long prefill: no output yet. The job is running, and says since when.
+    job = wait_for(
+        lambda: (j := row(store, job_id)).started_at is not None and j, 10, "started_at to be written"
+    )
+    assert job.status == JobStatus.RUNNING and job.first_token_at is None
+    produce(flusher.flights, run, "late")  # the engine's first output, its step long after the claim
+    wait_for(lambda: row(store, job_id).first_token_at is not None, 10, "the first token to be written")
+    after = row(store, job_id)
+    assert after.started_at == job.started_at <= after.first_token_at
+    assert after.token_times_ms[0] >= 0
