@@ -12,8 +12,8 @@ import pytest
 
 from core import keys
 from core.settings import Settings
-from tests.support.services import free_port
 from tests.pagedq.test_embedded import start_up
+from tests.support.services import free_port
 from tests.support.tiny_models import make_tiny_model
 
 CHROMIUM = Path("/usr/bin/chromium")
