@@ -41,7 +41,7 @@ def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
 def browser() -> Iterator[object]:
     if not CHROMIUM.exists():
         if os.environ.get("CI"):
-            pytest.fail("the console's browser tests need /usr/bin/chromium (make setup installs it)")
+            pytest.fail("the console's browser tests need /usr/bin/chromium (make test-setup installs it)")
         pytest.skip("no /usr/bin/chromium")
     from playwright.sync_api import sync_playwright
 
