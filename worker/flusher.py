@@ -61,8 +61,7 @@ class Flusher:
         self.flights.wake.set()
 
     def stop(self) -> None:
-        """Requeue whatever still runs and write what is unwritten (until the give-up time), then stop. The
-        engine loop must run meanwhile: a requeue ends with its abort."""
+        """Requeue whatever still runs and write what is unwritten (until the give-up time), then stop."""
         self.begin_drain(0.0)
         while self.flights and self._thread.is_alive():
             time.sleep(0.05)

@@ -48,7 +48,7 @@ class EngineHost:
 
     def stop(self) -> None:
         """Requeue whatever still runs and write what is unwritten, then stop the flusher, leave the workers
-        table, then stop the engine (which steps the requeued runs' aborts out until then)."""
+        table, then stop the engine (the requeued runs' aborts are stepped out meanwhile, or not at all)."""
         self.flusher.stop()
         self.heartbeat.stop()
         self.loop.stop()
