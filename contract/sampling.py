@@ -152,6 +152,11 @@ def _rules(p: SamplingParams) -> Iterator[Problem]:
         yield Problem("early_stopping", message)
     if p.structured is not None and (wrong := structured.problem(p.structured)):
         yield Problem("structured", f"structured: {wrong}")
+    if p.structured is not None:
+        for name in ("stop", "stop_token_ids"):
+            if getattr(p, name):
+                message = f"{name} would cut a structured output short of its constraint; leave it out"
+                yield Problem(name, message)
     if not p.use_beam_search:
         if p.best_of is not None:
             yield Problem("best_of", "best_of is the beam width: it needs use_beam_search")
