@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import AutoTokenizer, GenerationConfig, PreTrainedTokenizerBase
 
-from contract.context import context_problem, max_model_len
+from contract.context import context_problem, max_model_len, step_problem
 from contract.engine import EngineConfig
 from contract.sampling import SamplingParams
 from worker.engine.beam_search import BeamSearcher
@@ -112,6 +112,11 @@ class LLMEngine:
             )
         if problem := context_problem(len(token_ids), params.max_tokens, self.max_model_len):
             raise ValueError(f"request {request_id!r}: {problem}")
+        config = self.config
+        if step := step_problem(
+            params.num_sequences, params.use_beam_search, config.max_num_seqs, config.max_num_batched_tokens
+        ):
+            raise ValueError(f"request {request_id!r}: {step}")
         total = len(token_ids) + params.max_tokens
         pool_tokens = self.runner.num_blocks * self.config.block_size
         if total > pool_tokens:
