@@ -17,6 +17,7 @@ A refusal is a 429 with ``Retry-After`` and OpenAI's ``x-ratelimit-*`` headers.
 
 import math
 import time
+from fractions import Fraction
 
 from limits import RateLimitItem, RateLimitItemPerMinute, RateLimitItemPerSecond
 from limits.storage import MemoryStorage, Storage, storage_from_string
@@ -42,13 +43,7 @@ class KeyLimiter:
         """Counts one submission of the caller's key; 429 past its requests_per_second."""
         if caller.limits is None:
             return
-        rate = caller.limits.requests_per_second
-        window = (
-            RateLimitItemPerSecond(int(rate))
-            if rate >= 1
-            else RateLimitItemPerMinute(max(1, round(rate * 60)))
-        )
-        self._hit(caller, window, 1, "requests")
+        self._hit(caller, rate_window(caller.limits.requests_per_second), 1, "requests")
 
     def tokens(self, caller: Caller, tokens: int) -> None:
         """Charges a submission's tokens (prompt + max_tokens); 429 past the key's tokens_per_minute."""
@@ -67,11 +62,21 @@ class KeyLimiter:
             f"x-ratelimit-remaining-{what}": str(stats.remaining),
             f"x-ratelimit-reset-{what}": f"{wait}s",
         }
-        per = "second" if isinstance(item, RateLimitItemPerSecond) else "minute"
+        per = "minute" if isinstance(item, RateLimitItemPerMinute) else "second"
+        per = f"{item.multiples} {per}s" if item.multiples > 1 else per
         setting = "PAGEDQ_KEY_REQUESTS_PER_SECOND" if what == "requests" else "PAGEDQ_KEY_TOKENS_PER_MINUTE"
         message = f"rate limit: key {caller.name!r} may use {item.amount} {what} per {per} "
         message += f"({setting} or the key's own); this request needs {cost}; retry in {wait} s"
         raise TooMany(message, headers)
+
+
+def rate_window(per_second: float) -> RateLimitItem:
+    """``per_second`` as a whole number of requests per whole number of seconds (at most a minute):
+    1.5/s is 3 per 2 s, 0.25/s 1 per 4 s; a rate under one a minute is one a minute."""
+    rate = Fraction(per_second).limit_denominator(60)
+    if rate.numerator == 0:
+        return RateLimitItemPerMinute(1)
+    return RateLimitItemPerSecond(rate.numerator, rate.denominator)
 
 
 def check_sizes(limits: Limits, prompt_tokens: int, max_tokens: int, n: int, loc: tuple[str, ...]) -> None:
