@@ -69,9 +69,7 @@ def check_slice(encoder: PromptEncoder, task: Slice) -> tuple[list[CheckedLine],
 
 
 class BatchChecker:
-    def __init__(
-        self, encoder: PromptEncoder, model_dir: Path, engine: EngineConfig, processes: int
-    ) -> None:
+    def __init__(self, encoder: PromptEncoder, model_dir: Path, engine: EngineConfig, processes: int) -> None:
         self.encoder = encoder
         self._pool_args = (processes, model_dir, engine)
         self._pool = _start_pool(*self._pool_args) if processes > 0 else None
