@@ -29,17 +29,21 @@ HOUR_MINUTES = 60
 
 
 def overview(service: Service, caller: Caller) -> Overview:
-    """Jobs and throughput are the caller's (an admin's: everyone's); the queue and workers are shared."""
+    """Everything is the caller's (an admin's: everyone's): a user key sees its own jobs, its own queued
+    jobs as the queue, and no workers (their hosts, pids and load are the operator's business)."""
     now = utcnow()
     mine = caller.owns(Job.key_id)
     with service.sessions() as session:
-        oldest = session.scalar(select(func.min(Job.queued_at)).where(Job.status == JobStatus.QUEUED))
+        queued = select(func.min(Job.queued_at), func.count()).where(Job.status == JobStatus.QUEUED, mine)
+        oldest, own_queued = session.execute(queued).one()
+        workers = live_workers(session, service.settings.heartbeat_timeout) if caller.admin else []
         return Overview(
             now=now,
+            scope="all" if caller.admin else "key",
             jobs=job_counts(session, mine),
-            queue_depth=_queue_depth(service),
+            queue_depth=_queue_depth(service) if caller.admin else own_queued,
             oldest_queued_age_s=(now - oldest).total_seconds() if oldest else None,
-            workers=[WorkerOut.of(w) for w in live_workers(session, service.settings.heartbeat_timeout)],
+            workers=[WorkerOut.of(w) for w in workers],
             last_hour=_last_hour(session, now, mine),
         )
 

@@ -184,10 +184,15 @@ class Minute(BaseModel):
 
 class Overview(BaseModel):
     now: datetime
+    scope: Literal["all", "key"] = Field(
+        description="all: the whole service (an admin key, or auth off); key: the caller's own"
+    )
     jobs: dict[JobStatus, int] = Field(description="jobs by status")
-    queue_depth: int | None = Field(description="messages waiting in the broker; null if it did not answer")
-    oldest_queued_age_s: float | None = Field(description="how long the oldest queued job has waited")
-    workers: list[WorkerOut] = Field(description="workers with a recent heartbeat")
+    queue_depth: int | None = Field(
+        description="all: messages waiting in the broker (null if it did not answer); key: its queued jobs"
+    )
+    oldest_queued_age_s: float | None = Field(description="how long the oldest queued job in scope waited")
+    workers: list[WorkerOut] = Field(description="workers with a recent heartbeat; shown to admin keys only")
     last_hour: list[Minute] = Field(description="oldest first, one per minute")
 
 
