@@ -3,9 +3,9 @@
 Exactly one kind is set, as in vLLM's ``structured_outputs``: ``json`` (a JSON schema), ``json_object``
 (any JSON object), ``regex``, ``choice`` (one of fixed strings) or ``grammar`` (Lark, or llama.cpp's
 GBNF). ``grammar_text`` turns it into llguidance's grammar; ``problem`` says why the library would
-refuse it, so the API refuses it at submission: one that does not compile, and one that can match no
+refuse it, so the API refuses it at submission: one that does not compile, one that can match no
 text at all (its first step allows nothing: ``[^\\s\\S]``, ``start: start``, a ``$ref`` to itself), which
-would otherwise end at once with empty output. llguidance is imported lazily: ``contract/`` stays
+would otherwise end at once with empty output, and one the library gives up on along a short walk. llguidance is imported lazily: ``contract/`` stays
 importable without it, and only a request that carries a constraint needs it.
 
 A ``choice`` is one regex alternation, a single lexeme: as a grammar rule of alternatives, each choice
@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 # Compact JSON: without this a small model can fill max_tokens with whitespace between values.
 JSON_OPTIONS = {"whitespace_flexible": False}
 KINDS = ("json", "json_object", "regex", "choice", "grammar")
+WALK_BYTES = 16  # how far ``problem`` follows a constraint looking for a dead end
 
 
 @dataclass
@@ -89,11 +90,35 @@ def _problem(key: str) -> str | None:
     is_error, messages = LLMatcher.validate_grammar_with_warnings(text)
     if is_error:
         return messages[0]
-    matcher = LLMatcher(_byte_tokenizer(), text, log_level=0)
+    return _walk(LLMatcher(_byte_tokenizer(), text, log_level=0))
+
+
+def _walk(matcher: Any) -> str | None:
+    """Follows the constraint a few bytes, the lowest allowed byte each time, until it accepts: an empty
+    language fails at the first byte, and a dead end or a library limit (a rule of thousands of
+    alternatives) shows on the way, as it would mid-output."""
+    walked = b""
+    for _ in range(WALK_BYTES):
+        if matcher.is_error() or matcher.is_accepting():
+            break
+        mask = matcher.compute_bitmask()
+        if matcher.is_error() or (byte := _lowest(mask)) is None or byte > 255:
+            break
+        matcher.consume_token(byte)
+        walked += bytes([byte])
     if not matcher.is_error():
-        matcher.compute_bitmask()  # the first step: an empty language has no first byte
-    if matcher.is_error():
+        return None
+    if not walked:
         return "the constraint matches no text at all: no output could ever satisfy it"
+    reason = matcher.get_error().strip().splitlines()[0]
+    return f"the constraint fails after {walked.decode(errors='replace')!r}: {reason}"
+
+
+def _lowest(mask: bytes) -> int | None:
+    """The lowest token a bitmask allows (bit t % 32 of little-endian int32 word t // 32), or None."""
+    for index, bits in enumerate(mask):
+        if bits:
+            return index * 8 + (bits & -bits).bit_length() - 1
     return None
 
 

@@ -16,6 +16,7 @@ RECURSIVE_BUT_SATISFIABLE = {"type": "object", "properties": {"child": {"$ref": 
     "structured",
     [
         {"regex": r"[^\s\S]"},
+        {"regex": r"a[^\s\S]"},
         {"grammar": "start: start"},
         {"json": {"$ref": "#"}},
         {"json": {"$defs": {"a": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}},
@@ -27,6 +28,15 @@ def test_a_constraint_that_matches_no_text_is_refused(structured: dict[str, Any]
     (problem,) = refused.value.problems
     assert problem.field == "structured"
     assert "matches no text at all" in problem.message
+
+
+def test_a_grammar_the_library_gives_up_on_after_a_byte_is_refused_naming_the_limit() -> None:
+    rule = " | ".join(f'"c{i:05d}"' for i in range(10_000))  # a parser row of 10,000 items after "c"
+    with pytest.raises(ContractError) as refused:
+        SamplingParams(structured={"grammar": f"start: {rule}"})
+    (problem,) = refused.value.problems
+    assert problem.field == "structured"
+    assert "fails after 'c'" in problem.message and "max is 2000" in problem.message
 
 
 @pytest.mark.parametrize(
