@@ -4,9 +4,10 @@ Exactly one kind is set, as in vLLM's ``structured_outputs``: ``json`` (a JSON s
 (any JSON object), ``regex``, ``choice`` (one of fixed strings) or ``grammar`` (Lark, or llama.cpp's
 GBNF). ``grammar_text`` turns it into llguidance's grammar; ``problem`` says why the library would
 refuse it, so the API refuses it at submission: one that does not compile, one that can match no
-text at all (its first step allows nothing: ``[^\\s\\S]``, ``start: start``, a ``$ref`` to itself), which
-would otherwise end at once with empty output, and one the library gives up on along a short walk. llguidance is imported lazily: ``contract/`` stays
-importable without it, and only a request that carries a constraint needs it.
+text at all (its first step allows nothing: ``[^\\s\\S]``, ``start: start``, a ``$ref`` to itself),
+which would otherwise end at once with empty output, and one the library gives up on along a short
+walk. llguidance is imported lazily: ``contract/`` stays importable without it, and only a request
+that carries a constraint needs it.
 
 A ``choice`` is one regex alternation, a single lexeme: as a grammar rule of alternatives, each choice
 is an item of the parser's row, and llguidance refuses a row of more than 2,000 items mid-output.
