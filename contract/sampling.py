@@ -181,6 +181,9 @@ def _rules(p: SamplingParams) -> Iterator[Problem]:
             if getattr(p, name):
                 message = f"{name} would cut a structured output short of its constraint; leave it out"
                 yield Problem(name, message)
+        if p.min_tokens:
+            message = "min_tokens would force tokens past the end of a structured output; leave it out"
+            yield Problem("min_tokens", message)
     if not p.use_beam_search:
         if p.best_of is not None:
             yield Problem("best_of", "best_of is the beam width: it needs use_beam_search")

@@ -1,5 +1,6 @@
 """What no output could satisfy is refused at submission, with the field and the reason: a constraint
-that matches no text, and stop strings or stop tokens that would cut a constrained output short."""
+that matches no text or that the library gives up on, stop strings or stop tokens that would cut a
+constrained output short, and min_tokens that would force tokens past its end."""
 
 from typing import Any
 
@@ -52,8 +53,8 @@ def test_a_satisfiable_constraint_is_taken(structured: dict[str, Any]) -> None:
     assert SamplingParams(structured=structured).structured is not None
 
 
-@pytest.mark.parametrize("field,value", [("stop", ["}"]), ("stop_token_ids", [7])])
-def test_a_stop_with_a_constraint_is_refused(field: str, value: list[Any]) -> None:
+@pytest.mark.parametrize("field,value", [("stop", ["}"]), ("stop_token_ids", [7]), ("min_tokens", 5)])
+def test_a_stop_or_min_tokens_with_a_constraint_is_refused(field: str, value: Any) -> None:
     with pytest.raises(ContractError) as refused:
         SamplingParams(structured={"json_object": True}, **{field: value})
     (problem,) = refused.value.problems
