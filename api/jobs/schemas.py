@@ -86,6 +86,7 @@ class JobOut(BaseModel):
     expires_at: datetime | None = Field(
         description="when it is deleted, if it has ended by then; null: kept (a batch's job: with its batch)"
     )
+    hint: str | None = Field(None, description="what may explain a surprising result, when something may")
 
     @classmethod
     def of(cls, job: Job) -> "JobOut":
@@ -116,7 +117,19 @@ class JobOut(BaseModel):
             ),
             timings=Timings.of(job),
             expires_at=job.expires_at,
+            hint=hint(job),
         )
+
+
+RAW_PROMPT_ENDED_AT_ONCE = (
+    "the model ended its answer at once: a raw `prompt` reaches a chat (instruct) model without its chat "
+    "template, and such models often answer it with their end-of-turn token; send `messages` instead"
+)
+
+
+def hint(job: Job) -> str | None:
+    ended_at_once = job.status == JobStatus.SUCCEEDED and job.finish_reason == "stop" and not job.output_text
+    return RAW_PROMPT_ENDED_AT_ONCE if ended_at_once and job.prompt is not None else None
 
 
 class JobDeleted(BaseModel):
