@@ -17,9 +17,9 @@ from fastapi.testclient import TestClient
 from sqlalchemy import func, select, text
 
 from api.app import create_app
-from api.auth import Caller, Limits
-from api.limits import KeyLimiter, rate_window
-from api.problems import TooMany
+from api.http.caller import Caller, Limits
+from api.http.limits import KeyLimiter, rate_window
+from api.http.problems import TooMany
 from core import keys
 from core.models import ApiKey, Batch, Job, Worker, utcnow
 from core.queue import make_celery, queue_depth, queue_name
