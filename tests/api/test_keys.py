@@ -17,11 +17,11 @@ from fastapi.testclient import TestClient
 from sqlalchemy import func, select, text
 
 from api.app import create_app
-from api.auth import Caller, Limits
-from api.limits import KeyLimiter
-from api.problems import TooMany
+from api.http.caller import Caller, Limits
+from api.http.limits import KeyLimiter, rate_window
+from api.http.problems import TooMany
 from core import keys
-from core.models import ApiKey, Batch, Job, utcnow
+from core.models import ApiKey, Batch, Job, Worker, utcnow
 from core.queue import make_celery, queue_depth, queue_name
 from core.settings import Settings
 from pagedq import cli
@@ -270,6 +270,29 @@ def test_a_user_key_cannot_reach_another_keys_objects(
 # --- managing keys -------------------------------------------------------------------------------
 
 
+def test_a_user_keys_overview_is_its_own_queue_and_no_workers(
+    client: TestClient, db: Database, admin: str
+) -> None:
+    alice, bob = bearer(make_key(db, "alice")), bearer(make_key(db, "bob"))
+    for _ in range(2):
+        assert client.post("/v1/jobs", json=BODY, headers=alice).status_code == 202
+    with db.sessions() as session, session.begin():
+        session.add(Worker(id="gpu-7.internal:4242", model="m", stats={"num_running": 3.0}))
+
+    def seen(headers: dict[str, str]) -> dict[str, Any]:
+        return client.get("/v1/overview", headers=headers).json()
+
+    everything = seen(bearer(admin))
+    assert everything["scope"] == "all"
+    assert [w["id"] for w in everything["workers"]] == ["gpu-7.internal:4242"]
+    assert everything["queue_depth"] == 2  # the broker's messages
+    for headers, queued in ((alice, 2), (bob, 0)):
+        mine = seen(headers)
+        assert mine["scope"] == "key" and mine["workers"] == [] and "gpu-7" not in str(mine)
+        assert mine["queue_depth"] == mine["jobs"]["queued"] == queued
+        assert (mine["oldest_queued_age_s"] is None) == (queued == 0)
+
+
 def test_keys_are_made_listed_and_revoked_by_the_cli_and_the_admin_routes(
     client: TestClient,
     db: Database,
@@ -372,6 +395,20 @@ def test_each_rate_limit_is_a_429_with_retry_after_and_enqueues_nothing(
     response = client.post("/v1/completions", json=openai_body, headers=bearer(small))
     assert response.status_code == 400 and response.json()["error"]["param"] == "max_tokens"
     assert count(db, Job, key_id=key_id(db, "small")) == 0
+
+
+def test_a_fractional_rate_is_enforced_as_given(client: TestClient, db: Database) -> None:
+    assert [(w.amount, w.multiples) for w in map(rate_window, (1.5, 0.25, 50.0, 0.001))] == [
+        (3, 2),
+        (1, 4),
+        (50, 1),
+        (1, 1),
+    ]
+    key = make_key(db, "one-and-a-half", requests_per_second=1.5)
+    accepted, refused = refused_after_some(client, key, 8)
+    assert accepted >= 3 and refused.status_code == 429  # 1.5/s: 3 in a window of 2 s, not 1 a second
+    assert refused.headers["x-ratelimit-limit-requests"] == "3"
+    assert "3 requests per 2 seconds" in refused.json()["detail"]
 
 
 def test_max_active_jobs_refuses_a_job_or_a_whole_batch_and_a_cancel_releases_a_share(
