@@ -5,6 +5,7 @@ name and default)."""
 from dataclasses import dataclass
 
 DEFAULT_MODEL = "smollm2-135m-instruct"  # the built-in model (worker/engine/default_model.py)
+DEFAULT_EMBED_MODEL = "all-minilm-l6-v2"  # the built-in embedding model (worker/engine/minilm.py)
 
 
 @dataclass

@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from contract.engine import DEFAULT_MODEL
+from contract.engine import DEFAULT_EMBED_MODEL, DEFAULT_MODEL
 
 if TYPE_CHECKING:
     import torch
@@ -55,6 +55,10 @@ def resolve_model(name_or_path: str | os.PathLike[str]) -> Path:
     name = os.fspath(name_or_path)
     if name.strip().lower() == DEFAULT_MODEL:
         return ensure_default_model()
+    if name.strip().lower() == DEFAULT_EMBED_MODEL:
+        from worker.engine.minilm import ensure_minilm
+
+        return ensure_minilm()
     path = Path(name).expanduser()
     if path.is_dir() and (path / "config.json").is_file():
         return path
@@ -64,8 +68,8 @@ def resolve_model(name_or_path: str | os.PathLike[str]) -> Path:
     raise FileNotFoundError(
         f"model {name!r} {problem}. pagedq never downloads models from a hub (no Hugging Face Hub "
         f"look-up happens); pass either a local Hugging Face model directory (config.json, tokenizer "
-        f"files, *.safetensors weights), e.g. one fetched with `{fetch}`, or the built-in alias "
-        f"{DEFAULT_MODEL!r}."
+        f"files, *.safetensors weights), e.g. one fetched with `{fetch}`, or a built-in alias: "
+        f"{DEFAULT_MODEL!r} (chat) or {DEFAULT_EMBED_MODEL!r} (embeddings)."
     )
 
 
@@ -78,7 +82,7 @@ def ensure_default_model(cache_dir: Path | None = None) -> Path:
         _with_card_sampling(target)  # a directory built before the card's sampling was written there
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    with _file_lock(cache_dir / f"{DEFAULT_MODEL}.lock"):
+    with file_lock(cache_dir / f"{DEFAULT_MODEL}.lock"):
         if _is_complete(target):  # another process finished it while we waited for the lock
             logger.info("default model was built by another process at %s", target)
             return target
@@ -104,12 +108,12 @@ def _is_complete(path: Path) -> bool:
 
 
 @contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
+def file_lock(path: Path) -> Iterator[None]:
     with open(path, "a") as fh:
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            logger.info("waiting for another process that is building the default model (%s)", path)
+            logger.info("waiting for another process that is building a built-in model (%s)", path)
             fcntl.flock(fh, fcntl.LOCK_EX)
         try:
             yield
@@ -119,7 +123,7 @@ def _file_lock(path: Path) -> Iterator[None]:
 
 def _build(target: Path) -> None:
     """Build the model in a scratch directory next to ``target``, then rename it into place."""
-    _remove_leftovers(target)
+    remove_leftovers(target)
     start = time.monotonic()
     logger.info("building the default model %s into %s (one-time, about a minute)", DEFAULT_MODEL, target)
     with tempfile.TemporaryDirectory(prefix=f".{target.name}.build-", dir=target.parent) as tmp:
@@ -131,7 +135,7 @@ def _build(target: Path) -> None:
     logger.info("default model ready at %s (%.1fs)", target, time.monotonic() - start)
 
 
-def _remove_leftovers(target: Path) -> None:
+def remove_leftovers(target: Path) -> None:
     """Drop an incomplete model directory and scratch directories of builds that crashed (lock held)."""
     for stale in [target, *target.parent.glob(f".{target.name}.build-*")]:
         if stale.exists():
