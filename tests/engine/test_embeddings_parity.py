@@ -93,3 +93,11 @@ def test_tiny_decoder_matches_sentence_transformers(tmp_path: Path, pooling: str
     texts = [s for s in SENTENCES if s != PARAGRAPH]
     outputs = LLM(str(path), kind="embed", device="cpu").embed(texts)
     assert_parity(torch.tensor([o.embedding for o in outputs]), reference(path, texts), atol=3e-5)
+
+
+def test_minilm_vectors_do_not_depend_on_the_batch(minilm: LLM) -> None:
+    """Bit for bit: rows are packed without padding, attention runs per input (equal lengths together),
+    and the packed linears sum each row in the same order whatever the batch's size."""
+    together = minilm.embed(SENTENCES * 8)  # 88 inputs, one step of ~1,800 tokens
+    for i, text in enumerate(SENTENCES):
+        assert minilm.embed(text)[0].embedding == together[i].embedding == together[i + 33].embedding
