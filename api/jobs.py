@@ -3,7 +3,6 @@
 import hashlib
 import json
 import logging
-from urllib.parse import urlsplit
 
 from sqlalchemy import or_, select, update
 from sqlalchemy.exc import IntegrityError
@@ -19,7 +18,14 @@ from core.models import ApiKey, Job, utcnow
 from core.retention import deadline, job_live
 from core.spec import JobSpec
 from core.states import TERMINAL, JobStatus
-from core.webhooks import WebhookRefused, checked_address, publish_deliveries, record_event
+from core.webhooks import (
+    WebhookRefused,
+    bare_host,
+    checked_address,
+    parse_webhook_url,
+    publish_deliveries,
+    record_event,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -113,7 +119,7 @@ def check_webhook_url(service: Service, url: str) -> None:
     except WebhookRefused as refused:
         raise Invalid(("body", "webhook_url"), str(refused), "webhook_url_refused") from None
     except OSError as error:
-        host = urlsplit(url).hostname
+        host = bare_host(parse_webhook_url(url))
         message = f"webhook URL host {host!r} does not resolve ({error.strerror or error})"
         raise Invalid(("body", "webhook_url"), message, "webhook_url_unresolvable") from None
 
