@@ -155,3 +155,14 @@ def test_vectors_are_unit_length_and_float32(tiny_bert: Path) -> None:
     outputs = LLM(str(tiny_bert), kind="embed", device="cpu").embed(texts(5))
     norms = torch.tensor([o.embedding for o in outputs]).norm(dim=1)
     torch.testing.assert_close(norms, torch.ones(5))
+
+
+def test_one_bad_input_refuses_the_call_and_leaves_nothing_queued(tiny_bert: Path) -> None:
+    llm = LLM(str(tiny_bert), kind="embed", device="cpu")
+    with pytest.raises(ValueError, match="token ids"):
+        llm.embed(["the quick brown fox", [5, 10**6], "dog"])
+    assert not llm.engine.has_unfinished_requests()
+    with pytest.raises(ValueError, match="input 1 is empty"):
+        llm.embed(["fox", ""])
+    [output] = llm.embed(["the quick brown fox"])
+    assert output.error is None and len(output.embedding) == 64

@@ -78,11 +78,7 @@ class LLM:
         inputs = _as_prompt_list(inputs)
         if not inputs:
             raise ValueError("no inputs to embed")
-        texts = [i for i, prompt in enumerate(inputs) if isinstance(prompt, str)]
-        encoded = dict(zip(texts, engine.encode([inputs[i] for i in texts], params), strict=True))  # type: ignore[misc]
-        request_ids = [str(next(self._ids)) for _ in inputs]
-        for i, request_id in enumerate(request_ids):
-            engine.add_request(request_id, encoded.get(i, inputs[i]), params)
+        request_ids = self._add_inputs(engine, inputs, params)
         results: dict[str, EmbeddingOutput] = {}
         with tqdm(total=len(inputs), desc="inputs", unit="in", disable=not use_tqdm) as bar:
             while engine.has_unfinished_requests():
@@ -90,6 +86,27 @@ class LLM:
                     results[output.request_id] = output
                     bar.update(1)
         return [results[request_id] for request_id in request_ids]
+
+    def _add_inputs(
+        self, engine: EmbeddingEngine, inputs: list[Prompt], params: EmbeddingParams | None
+    ) -> list[str]:
+        """Queues every input, or none: one refused input leaves nothing behind."""
+        texts = [i for i, prompt in enumerate(inputs) if isinstance(prompt, str)]
+        encoded = dict(zip(texts, engine.encode([inputs[i] for i in texts], params), strict=True))  # type: ignore[misc]
+        token_ids = [encoded.get(i, prompt) for i, prompt in enumerate(inputs)]
+        request_ids = [str(next(self._ids)) for _ in inputs]
+        # Longest first: a step then holds inputs of near-equal lengths, which share attention calls. An
+        # input's vector does not depend on its batch, so the order changes nothing but the speed.
+        order = sorted(range(len(inputs)), key=lambda i: len(token_ids[i]), reverse=True)
+        try:
+            for i in order:
+                engine.add_request(request_ids[i], token_ids[i], params)  # type: ignore[arg-type]
+        except ValueError:
+            for request_id in request_ids:
+                engine.abort(request_id)
+            engine.step()  # hands out the aborted ones
+            raise
+        return request_ids
 
     def _engine(self, wanted: type) -> "LLMEngine | EmbeddingEngine":
         if not isinstance(self.engine, wanted):
