@@ -8,7 +8,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from contract.engine import DEFAULT_EMBED_MODEL, EngineConfig
+from contract.engine import DEFAULT_EMBED_MODEL, EMBED_MAX_NUM_BATCHED_TOKENS, EngineConfig
 from contract.pooling import EmbeddingParams
 from contract.sampling import SamplingParams
 from contract.sampling_defaults import generation_defaults, with_model_defaults
@@ -34,14 +34,14 @@ class LLM:
         if kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
         self.kind = kind
-        model = model or (DEFAULT_EMBED_MODEL if kind == "embed" else DEFAULT_MODEL)
-        config = EngineConfig(model=model, **engine_args)  # type: ignore[arg-type]
         self.engine: LLMEngine | EmbeddingEngine
         if kind == "embed":
-            self.engine = EmbeddingEngine(config)
-            self.sampling_defaults = {}
+            engine_args.setdefault("max_num_batched_tokens", EMBED_MAX_NUM_BATCHED_TOKENS)
+            self.engine = EmbeddingEngine(EngineConfig(model=model or DEFAULT_EMBED_MODEL, **engine_args))  # type: ignore[arg-type]
+            self.sampling_defaults: dict[str, Any] = {}
         else:
-            self.engine = LLMEngine(config)
+            model = model or DEFAULT_MODEL
+            self.engine = LLMEngine(EngineConfig(model=model, **engine_args))  # type: ignore[arg-type]
             self.sampling_defaults = generation_defaults(resolve_model(model))
         self.tokenizer = self.engine.tokenizer
         self._ids = itertools.count()
