@@ -9,22 +9,20 @@ downloads anything from a model hub.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import logging
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
 import time
 import zipfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from contract.engine import DEFAULT_EMBED_MODEL, DEFAULT_MODEL
+from worker.engine.minilm import ensure_minilm
+from worker.engine.model_cache import default_cache_dir, file_lock, remove_leftovers
 
 if TYPE_CHECKING:
     import torch
@@ -42,22 +40,12 @@ CARD_SAMPLING = {"do_sample": True, "temperature": 0.2, "top_p": 0.9}
 logger = logging.getLogger("pagedq.engine")
 
 
-def default_cache_dir() -> Path:
-    """``$PAGEDQ_CACHE_DIR``, else ``$XDG_CACHE_HOME/pagedq``, else ``~/.cache/pagedq``."""
-    if env := os.environ.get("PAGEDQ_CACHE_DIR"):
-        return Path(env).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base).expanduser() / "pagedq"
-
-
 def resolve_model(name_or_path: str | os.PathLike[str]) -> Path:
     """Map what a user passes as ``model`` to a local Hugging Face model directory."""
     name = os.fspath(name_or_path)
     if name.strip().lower() == DEFAULT_MODEL:
         return ensure_default_model()
     if name.strip().lower() == DEFAULT_EMBED_MODEL:
-        from worker.engine.minilm import ensure_minilm
-
         return ensure_minilm()
     path = Path(name).expanduser()
     if path.is_dir() and (path / "config.json").is_file():
@@ -107,20 +95,6 @@ def _is_complete(path: Path) -> bool:
     return all((path / name).is_file() for name in REQUIRED_FILES)
 
 
-@contextmanager
-def file_lock(path: Path) -> Iterator[None]:
-    with open(path, "a") as fh:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            logger.info("waiting for another process that is building a built-in model (%s)", path)
-            fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
 def _build(target: Path) -> None:
     """Build the model in a scratch directory next to ``target``, then rename it into place."""
     remove_leftovers(target)
@@ -133,14 +107,6 @@ def _build(target: Path) -> None:
         _convert(gguf_path, out)
         os.replace(out, target)
     logger.info("default model ready at %s (%.1fs)", target, time.monotonic() - start)
-
-
-def remove_leftovers(target: Path) -> None:
-    """Drop an incomplete model directory and scratch directories of builds that crashed (lock held)."""
-    for stale in [target, *target.parent.glob(f".{target.name}.build-*")]:
-        if stale.exists():
-            logger.warning("removing incomplete build %s", stale)
-            shutil.rmtree(stale)
 
 
 def _find_wheel(dest: Path) -> Path:

