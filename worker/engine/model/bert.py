@@ -2,8 +2,9 @@
 batch: the tokens of every input of a step concatenated, no padding.
 
 Word + absolute position + token-type embeddings, then post-LayerNorm blocks (bidirectional attention,
-GELU MLP). The linears run on the whole packed batch at once; only attention is per input
-(``varlen_attention``), since no input sees another's tokens. There is no KV cache.
+GELU MLP). The linears run on the whole packed batch at once (oneDNN, with the GELU and the residual adds
+fused in where it runs: ``cpu_linears.py``); only attention keeps the inputs apart (``varlen_attention``),
+since no input sees another's tokens. There is no KV cache.
 """
 
 import itertools
