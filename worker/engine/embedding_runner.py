@@ -41,7 +41,8 @@ class EncoderRunner:
     def __init__(self, config: EngineConfig, model_config: ModelConfig) -> None:
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, model_config, self.device)
-        assert model_config.path is not None
+        if config.load_format != "safetensors" or model_config.path is None:
+            raise ValueError(f"an encoder loads its safetensors weights; load_format={config.load_format!r}")
         self.model = load_bert(model_config.path, self.dtype, self.device, config.quantization)
 
     @torch.inference_mode()
