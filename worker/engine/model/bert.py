@@ -48,15 +48,16 @@ class PackedBatch:
 
 
 def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: PackedBatch) -> torch.Tensor:
-    """Bidirectional attention of each input over its own tokens; q, k, v and the result are
-    ``[T, heads, head_dim]``. Each run of equal-length inputs is one SDPA call over
+    """Bidirectional attention of each input over its own tokens; q, k, v are ``[T, heads, head_dim]``, the
+    result ``[T, heads * head_dim]``. Each run of equal-length inputs is one SDPA call over
     ``[inputs, heads, length, head_dim]``: no mask, no padding."""
-    outs = []
+    out = torch.empty(batch.num_tokens, q.shape[1] * q.shape[2], dtype=q.dtype, device=q.device)
     for first, count, length in batch.runs:
         rows = slice(first, first + count * length)
         qs, ks, vs = (x[rows].view(count, length, *x.shape[1:]).transpose(1, 2) for x in (q, k, v))
-        outs.append(F.scaled_dot_product_attention(qs, ks, vs).transpose(1, 2).reshape(-1, *q.shape[1:]))
-    return outs[0] if len(outs) == 1 else torch.cat(outs)
+        attended = F.scaled_dot_product_attention(qs, ks, vs)  # [count, heads, length, head_dim]
+        out[rows].view(count, length, *q.shape[1:]).copy_(attended.transpose(1, 2))
+    return out
 
 
 class LayerNorm(nn.Module):
@@ -96,7 +97,7 @@ class BertLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, batch: PackedBatch) -> torch.Tensor:
         q, k, v = self.qkv(x).view(-1, 3, self.num_heads, self.head_dim).unbind(1)
-        attention = varlen_attention(q, k, v, batch).reshape(x.shape)
+        attention = varlen_attention(q, k, v, batch)
         x = self.attention_norm(linear_add(self.attention_out, attention, x))
         return self.output_norm(linear_add(self.output, linear_gelu(self.intermediate, x), x))
 
