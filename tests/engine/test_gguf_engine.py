@@ -24,6 +24,7 @@ from worker.engine.model.gguf_file import GGUFError
 from worker.engine.model.gguf_layers import GGUFEmbedding, GGUFLinear
 from worker.engine.model.gguf_loader import weight_types
 from worker.engine.outputs import CompletionOutput
+from worker.main import engine_facts
 
 TYPES = ["Q8_0", "Q4_K", "Q6_K", "Q4_0", "Q5_K", "Q4_1"]
 SHAPES = dict(hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2)
@@ -79,7 +80,8 @@ def test_quantized_kernels_follow_float32_until_a_near_tie(gguf_llama: Path) -> 
 
 
 def test_weights_stay_in_their_blocks(gguf_llama: Path) -> None:
-    model = LLM(str(gguf_llama), kv_cache_bytes=8 << 20, quantization="gguf").engine.runner.model
+    llm = LLM(str(gguf_llama), kv_cache_bytes=8 << 20, quantization="gguf")
+    model = llm.engine.runner.model
     kinds = {type(m).__name__ for m in model.modules() if not list(m.children())}
     assert "Linear" not in kinds and "Embedding" not in kinds, kinds
     assert isinstance(model.embed_tokens, GGUFEmbedding) and isinstance(model.lm_head, GGUFLinear)
@@ -88,6 +90,8 @@ def test_weights_stay_in_their_blocks(gguf_llama: Path) -> None:
     assert floats == (2 * 2 + 1) * 256, "only the norms are float32 parameters"
     types = weight_types(model)
     assert set(types) == set(TYPES) and all(size > 0 for size in types.values())
+    facts = engine_facts(llm.engine)  # the worker's ready line
+    assert facts["weight_bytes"] == types and facts["kernels"] in ("cpu", "torch")
 
 
 def test_a_directory_without_a_gguf_file_says_so(tiny_llama: Path) -> None:
