@@ -51,6 +51,19 @@ def build_dir() -> Path:
     return Path(root) / build_key()
 
 
+def sources_in(where: Path) -> list[Path]:
+    """The sources copied into the build directory, which is keyed by their content: ninja records each
+    source's absolute path, so compiling a checkout's own files would make two checkouts of the same
+    source rebuild each other's build on every first use."""
+    copies = []
+    for source in SOURCES:
+        copy, text = where / source.name, source.read_bytes()
+        if not copy.is_file() or copy.read_bytes() != text:
+            copy.write_bytes(text)
+        copies.append(copy)
+    return copies
+
+
 def add_ninja_to_path() -> None:
     """cpp_extension runs ``ninja`` from PATH; the ``ninja`` wheel's sits in the venv's bin, which is not
     on PATH when the venv's python is run without activating it."""
@@ -76,7 +89,7 @@ def available() -> bool:
             (where / "lock").unlink(missing_ok=True)
             cpp_extension.load(
                 name=f"pagedq_cpu_kernels_{build_key()}",  # one name per source: reloading it is a no-op
-                sources=[str(source) for source in SOURCES],
+                sources=[str(path) for path in sources_in(where)],
                 extra_cflags=CFLAGS,
                 extra_ldflags=["-fopenmp"],
                 build_directory=str(where),

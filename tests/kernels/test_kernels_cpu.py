@@ -4,6 +4,8 @@ Under ``CI=true`` a build failure fails here instead of skipping."""
 
 import logging
 import os
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -92,6 +94,32 @@ def test_a_failed_build_falls_back_to_the_reference_and_says_so_once(monkeypatch
         assert [r.message.startswith("CPU kernels unavailable") for r in caplog.records] == [True]
     finally:
         kernels.cpu.available.cache_clear()
+
+
+BUILD_ONE = """
+import sys
+from pathlib import Path
+import kernels.cpu
+kernels.cpu.SOURCES = [Path(sys.argv[1])]
+assert kernels.cpu.available()
+print(next(kernels.cpu.build_dir().glob("*.so")).stat().st_mtime_ns)
+"""
+
+
+def test_two_checkouts_of_the_same_source_share_one_build(tmp_path):
+    """ninja records a source's absolute path: each checkout compiling its own file rebuilt the other's
+    build at its first use in every process."""
+    env = {**os.environ, kernels.cpu.DIR_ENV: str(tmp_path / "build")}
+    built = []
+    for checkout in ("a", "b", "a"):
+        source = tmp_path / checkout / "probe.cpp"
+        source.parent.mkdir(exist_ok=True)
+        source.write_text("int pagedq_probe() { return 1; }\n")
+        command = [sys.executable, "-c", BUILD_ONE, str(source)]
+        run = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0, run.stderr[-3000:]
+        built.append(int(run.stdout.split()[-1]))
+    assert built[0] == built[1] == built[2]  # built once, by the first
 
 
 @pytest.mark.parametrize("in_place_max_query", [1, 10**6])
