@@ -130,3 +130,12 @@ def test_a_waiting_sequence_takes_an_idle_sequences_blocks_when_nothing_else_can
     assert step(s) == [idle] and idle.num_cached_tokens == BS  # back from the prefix cache
     s.finish(idle)
     assert blocks_in_use(s) == 0 and not s.running and s.waiting == []
+
+
+def test_seats_held_for_the_samples_of_an_unforked_request_are_counted_before_admitting_another() -> None:
+    s = scheduler(16, max_num_seqs=4)
+    first, second = sequence("first", range(5), n=3), sequence("second", range(10, 15), n=3)
+    s.add(first)
+    s.add(second)
+    assert step(s) == [first]  # its three samples need three of the four seats
+    assert s.waiting == [second]

@@ -102,10 +102,11 @@ class Scheduler:
         """
         upcoming = self._blocks_being_computed()
         idle_preempted: list[Sequence] = []  # queued again after the loop, so not readmitted in it
+        seats = sum(self._seats(seq) for seq in self.running)
         index = 0
         while index < len(self.waiting) and budget > 0:
             seq = self.waiting[index]
-            if len(self.running) + self._seats(seq) > self.config.max_num_seqs:
+            if seats + self._seats(seq) > self.config.max_num_seqs:
                 break
             self.block_manager.match_prefix(seq)
             num_new = min(seq.num_uncomputed_tokens, budget)
@@ -120,6 +121,7 @@ class Scheduler:
             self.waiting.pop(index)
             seq.status = SequenceStatus.RUNNING
             self.running[seq] = None
+            seats += self._seats(seq)
             batch.sequences.append(seq)
             batch.num_new_tokens.append(num_new)
             budget -= num_new
@@ -150,7 +152,7 @@ class Scheduler:
         return hashes
 
     def _seats(self, seq: Sequence) -> int:
-        """A request not yet forked will need a seat for each of its samples."""
+        """A request not yet forked holds (or will need) a seat for each of its samples."""
         return 1 if seq.request.forked else seq.request.params.num_sequences
 
     # --- after a step ---
