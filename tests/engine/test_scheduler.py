@@ -127,6 +127,8 @@ def test_a_waiting_sequence_takes_an_idle_sequences_blocks_when_nothing_else_can
     assert idle.status is SequenceStatus.WAITING and s.waiting == [idle] and idle.block_table == []
     s.advance(batch)
     s.finish(late)
+    assert step(s) == [] and s.waiting == [idle]  # reported due already: it waits for its next token
+    sample(idle)
     assert step(s) == [idle] and idle.num_cached_tokens == BS  # back from the prefix cache
     s.finish(idle)
     assert blocks_in_use(s) == 0 and not s.running and s.waiting == []
@@ -139,3 +141,16 @@ def test_seats_held_for_the_samples_of_an_unforked_request_are_counted_before_ad
     s.add(second)
     assert step(s) == [first]  # its three samples need three of the four seats
     assert s.waiting == [second]
+
+
+def test_finish_takes_out_of_waiting_exactly_the_sequence_among_equal_sort_keys() -> None:
+    s = scheduler(16)
+    first = sequence("r", range(5), n=2)
+    twin = Sequence(first.request, 0, list(first.token_ids))  # same request and index: the same sort key
+    later = sequence("later", range(5))
+    for seq in (first, twin, later):
+        s.add(seq)
+    s.finish(twin)
+    assert s.waiting == [first, later] and twin.status is SequenceStatus.FINISHED
+    s.finish(Sequence(later.request, 1, [1]))  # never queued: nothing to take out
+    assert s.waiting == [first, later]

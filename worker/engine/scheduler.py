@@ -98,14 +98,22 @@ class Scheduler:
         """Admit waiting sequences in order while budget, seats and blocks last.
 
         A sequence whose next prompt block another sequence is computing right now waits a step:
-        then it finds that block in the prefix cache instead of computing it a second time.
+        then it finds that block in the prefix cache instead of computing it a second time. One that was
+        reported due and preempted before its next token came waits for that token.
         """
         upcoming = self._blocks_being_computed()
-        idle_preempted: list[Sequence] = []  # queued again after the loop, so not readmitted in it
+        yielded: list[Sequence] = []  # idle sequences preempted for a waiting one, queued after the loop
         seats = sum(self._seats(seq) for seq in self.running)
         index = 0
         while index < len(self.waiting) and budget > 0:
             seq = self.waiting[index]
+            if seq.num_tokens == seq.num_tokens_reported:
+                index += 1
+                continue
+            while seats + self._seats(seq) > self.config.max_num_seqs and (
+                freed := self._yield(batch, yielded)
+            ):
+                seats -= freed
             if seats + self._seats(seq) > self.config.max_num_seqs:
                 break
             self.block_manager.match_prefix(seq)
@@ -114,7 +122,9 @@ class Scheduler:
                 self.block_manager.free(seq)
                 index += 1
                 continue
-            if not self._fits(seq, num_new, batch, idle_preempted):
+            while not self.block_manager.can_grow(seq, num_new) and (freed := self._yield(batch, yielded)):
+                seats -= freed
+            if not self.block_manager.can_grow(seq, num_new):
                 self.block_manager.free(seq)
                 break
             self.block_manager.grow(seq, num_new)
@@ -126,21 +136,20 @@ class Scheduler:
             batch.num_new_tokens.append(num_new)
             budget -= num_new
             upcoming.update(self.block_manager.uncomputed_block_hashes(seq))
-        for seq in idle_preempted:
+        for seq in yielded:
             self.add(seq)
 
-    def _fits(self, seq: Sequence, num_new: int, batch: ScheduledBatch, preempted: list[Sequence]) -> bool:
-        """Whether the pool has room for ``seq``. When this step runs nothing else, idle running sequences
-        (lowest priority first) give it their blocks: without that, beams waiting for a preempted sibling
-        could hold the pool forever."""
-        while not self.block_manager.can_grow(seq, num_new):
-            idle = [s for s in self.running if s.num_uncomputed_tokens == 0]
-            if batch.sequences or not idle:
-                return False
-            victim = max(idle, key=_sort_key)
-            self._preempt(victim)
-            preempted.append(victim)
-        return True
+    def _yield(self, batch: ScheduledBatch, yielded: list[Sequence]) -> int:
+        """When this step runs nothing else, preempt the lowest-priority idle running sequence for a waiting
+        one and return the seats it held (0: none). Idle sequences were reported due and wait for their next
+        token (beams for their siblings); without this, they could hold the pool or the seats forever."""
+        idle = [seq for seq in self.running if seq.num_uncomputed_tokens == 0]
+        if batch.sequences or not idle:
+            return 0
+        victim = max(idle, key=_sort_key)
+        self._preempt(victim)
+        yielded.append(victim)
+        return self._seats(victim)
 
     def _blocks_being_computed(self) -> set[int]:
         if not self.config.enable_prefix_caching:
@@ -166,6 +175,7 @@ class Scheduler:
             seq.num_computed_tokens += num_new
             self.block_manager.register_full_blocks(seq, before)
             if seq.num_computed_tokens == seq.num_tokens:
+                seq.num_tokens_reported = seq.num_tokens
                 due.append(seq)
         return due
 

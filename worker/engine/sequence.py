@@ -43,6 +43,7 @@ class Sequence:
     stop_reason: str | int | None = None
     detokenizer: IncrementalDetokenizer | None = None
     num_emitted_tokens: int = 0  # tokens (and their logprobs) already handed out by step()
+    num_tokens_reported: int = 0  # num_tokens when the scheduler last reported it due a token
     # its place in its structured-output constraint; kept through preemption, as its tokens are
     matcher: "Matcher | None" = None
 
