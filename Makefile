@@ -2,8 +2,10 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup run test test-fast lint bench gpu-check gpu-wheels
-setup: $(VENV)/.installed /usr/bin/chromium
+.PHONY: setup test-setup run test test-fast lint bench gpu-check gpu-wheels
+# `setup` is what running needs; `test-setup` adds the browser the console's tests drive.
+setup: $(VENV)/.installed
+test-setup: setup /usr/bin/chromium
 
 # torch is pinned first: 2.13.0 is the CPU build on these machines; any CUDA build works on a GPU box.
 # The first install takes a few minutes and about 2.4 GB; pip shows what it fetches as it goes.
@@ -18,7 +20,7 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 # The console's browser tests drive Debian's Chromium through Playwright (no browser download). Without
-# it they skip on a laptop and fail under CI=true.
+# it they skip on a laptop and fail under CI=true. Only the tests need it, never `make run`.
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 /usr/bin/chromium:
 	@echo "== installing Debian's chromium (the console's browser tests)"
@@ -32,12 +34,12 @@ run: setup
 lint: setup
 	$(VENV)/bin/ruff check .
 
-test: lint
+test: lint test-setup
 	$(PY) -m pytest -q
 
 # The tests marked `fast` (pyproject.toml): the contract, the engine core, the kernels' torch references
 # and API validation, in under 3 minutes; `make test` (what CI runs) is the whole suite.
-test-fast: lint
+test-fast: lint test-setup
 	$(PY) -m pytest -q -m fast
 
 bench: setup

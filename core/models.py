@@ -94,7 +94,8 @@ class ApiKey(Base):
 
 
 def owner_column(index: bool = True) -> Mapped[str | None]:
-    """The key that created the row (NULL: created with auth off); ``api/auth.py`` scopes reads by it."""
+    """The key that created the row (NULL: created with auth off); ``api/http/caller.py`` scopes reads by
+    it."""
     return mapped_column(String(36), ForeignKey("api_keys.id"), index=index)
 
 

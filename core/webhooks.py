@@ -14,9 +14,9 @@ from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
-from urllib.parse import urlsplit
 
 from celery import Celery
+from pydantic import HttpUrl, TypeAdapter, ValidationError
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
@@ -167,29 +167,44 @@ class WebhookRefused(ValueError):
     """A webhook URL that may not be used: not http(s), or its host is in a special-purpose range."""
 
 
+_URL = TypeAdapter(HttpUrl)
+
+
+def parse_webhook_url(url: str) -> HttpUrl:
+    """The one parser of a webhook URL (WHATWG's rules, as the API validates it): the guard checks the
+    host it reads and the sender connects to that same host, so no two parsers can disagree on it."""
+    try:
+        parsed = _URL.validate_python(url)
+    except ValidationError:
+        raise WebhookRefused("webhook URL must be http:// or https:// with a host") from None
+    if parsed.host is None:
+        raise WebhookRefused("webhook URL must be http:// or https:// with a host")
+    return parsed
+
+
 def checked_address(url: str, allow_private: bool, resolve_timeout: float) -> Address:
     """Resolve ``url``'s host once and check every address it has; the sender connects to the one returned.
 
-    Raises ``WebhookRefused`` for a scheme other than http(s) and (unless ``allow_private``) a host that
-    is, or resolves to, an address in a special-purpose range (``core/special_addresses.py``); ``OSError``
-    when the host does not resolve within ``resolve_timeout`` seconds.
+    Raises ``WebhookRefused`` for a URL that is not http(s) with a host and (unless ``allow_private``) a
+    host that is, or resolves to, an address in a special-purpose range (``core/special_addresses.py``);
+    ``OSError`` when the host does not resolve within ``resolve_timeout`` seconds.
     """
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise WebhookRefused("webhook URL must be http:// or https:// with a host")
-    try:
-        port = parts.port or (443 if parts.scheme == "https" else 80)
-    except ValueError as error:
-        raise WebhookRefused(f"webhook URL has a bad port: {error}") from None
-    addresses = resolve(parts.hostname, port, resolve_timeout)
+    parsed = parse_webhook_url(url)
+    host = bare_host(parsed)
+    addresses = resolve(host, parsed.port or 0, resolve_timeout)
     for address in [] if allow_private else addresses:
         if special := special_range(address):
             raise WebhookRefused(
-                f"webhook URL host {parts.hostname!r} is or resolves to an address in a special-purpose "
+                f"webhook URL host {host!r} is or resolves to an address in a special-purpose "
                 f"range: {special}; webhooks go only to public addresses unless "
                 "PAGEDQ_WEBHOOK_ALLOW_PRIVATE=true"
             )
     return addresses[0]
+
+
+def bare_host(url: HttpUrl) -> str:
+    """The host without an IPv6 literal's brackets: what a resolver or a TLS server name takes."""
+    return (url.host or "").strip("[]")
 
 
 _resolver = ThreadPoolExecutor(8, thread_name_prefix="webhook-resolve")

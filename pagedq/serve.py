@@ -44,7 +44,7 @@ def serve_api(settings: Settings) -> int:
     # from the environment, so the parent's are put there first.
     os.environ.update(env_for(settings))
     config = uvicorn.Config("pagedq.serve:api_app", factory=True, workers=settings.api_workers, **options)
-    Multiprocess(config, sockets=[config.bind_socket()]).run()
+    PatientMultiprocess(config, sockets=[config.bind_socket()]).run()
     return 0
 
 
@@ -91,6 +91,23 @@ def api_app() -> "FastAPI":
     settings = Settings()
     configure_logging(settings.log_level, settings.log_format)  # a spawned process starts with none set up
     return create_app(settings, resolve_model(settings.model))
+
+
+class PatientMultiprocess(Multiprocess):
+    """uvicorn's supervisor that lets an API process take as long as it needs to start.
+
+    uvicorn pings every process every half second and kills one that does not answer within
+    ``timeout_worker_healthcheck`` (5 s), but a process answers only once its interpreter is up and
+    it has unpickled its target: on a loaded box a slow start is killed and replaced, again and again.
+    Here a process is pinged only once it serves; until then it only has to be alive."""
+
+    def keep_subprocess_alive(self) -> None:
+        starting = [p for p in self.processes if p.process.is_alive() and not p.is_ready(timeout=0.05)]
+        self.processes = [p for p in self.processes if p not in starting]
+        try:
+            super().keep_subprocess_alive()
+        finally:
+            self.processes += starting
 
 
 class GracefulServer(uvicorn.Server):

@@ -166,9 +166,10 @@ function overview() {
     const o = await api("/v1/overview");
     cards.replaceChildren(...Object.entries(o.jobs).map(([state, n]) =>
       h("a", { href: `#/jobs?status=${state}`, style: "text-decoration:none;color:inherit" }, card(n, state))));
-    queue.replaceChildren(card(o.queue_depth ?? "?", "messages in the broker", "queue_depth"),
+    queue.replaceChildren(card(o.queue_depth ?? "?", o.scope === "key" ? "your queued jobs" : "messages in the broker", "queue_depth"),
       card(fmt.age(o.oldest_queued_age_s), "oldest queued job waiting", "oldest_queued"));
-    workers.replaceChildren(o.workers.length ? workerTable(o.workers) : h("p", { className: "error" }, "no live worker"));
+    workers.replaceChildren(o.scope === "key" ? h("p", { className: "muted" }, "shown to admin keys")
+      : o.workers.length ? workerTable(o.workers) : h("p", { className: "error" }, "no live worker"));
     const x = o.last_hour.map((m) => Date.parse(m.at) / 1000);
     charts.replaceChildren(
       lineChart("throughput", "Tokens per second", ["time", "tokens/s"], [x, o.last_hour.map((m) => m.tokens_per_s)]),

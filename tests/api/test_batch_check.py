@@ -13,9 +13,9 @@ import pytest
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
 from transformers import AutoTokenizer
 
-from api.batch_check import SLICE_LINES, BadLines, BatchChecker, CheckedLine
-from api.piece_encoding import PieceEncoder
-from api.prompts import PromptEncoder
+from api.batches.check import SLICE_LINES, BadLines, BatchChecker, CheckedLine
+from api.prompts.encoder import PromptEncoder
+from api.prompts.piece_encoding import PieceEncoder
 from core.spec import JobSpec
 from worker.engine.default_model import ensure_default_model
 

@@ -12,8 +12,8 @@ import pytest
 
 from core import keys
 from core.settings import Settings
-from tests.support.services import free_port
 from tests.pagedq.test_embedded import start_up
+from tests.support.services import free_port
 from tests.support.tiny_models import make_tiny_model
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -41,7 +41,7 @@ def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
 def browser() -> Iterator[object]:
     if not CHROMIUM.exists():
         if os.environ.get("CI"):
-            pytest.fail("the console's browser tests need /usr/bin/chromium (make setup installs it)")
+            pytest.fail("the console's browser tests need /usr/bin/chromium (make test-setup installs it)")
         pytest.skip("no /usr/bin/chromium")
     from playwright.sync_api import sync_playwright
 

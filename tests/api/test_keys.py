@@ -17,11 +17,11 @@ from fastapi.testclient import TestClient
 from sqlalchemy import func, select, text
 
 from api.app import create_app
-from api.auth import Caller, Limits
-from api.limits import KeyLimiter
-from api.problems import TooMany
+from api.http.caller import Caller, Limits
+from api.http.limits import KeyLimiter
+from api.http.problems import TooMany
 from core import keys
-from core.models import ApiKey, Batch, Job, utcnow
+from core.models import ApiKey, Batch, Job, Worker, utcnow
 from core.queue import make_celery, queue_depth, queue_name
 from core.settings import Settings
 from pagedq import cli
@@ -268,6 +268,29 @@ def test_a_user_key_cannot_reach_another_keys_objects(
 
 
 # --- managing keys -------------------------------------------------------------------------------
+
+
+def test_a_user_keys_overview_is_its_own_queue_and_no_workers(
+    client: TestClient, db: Database, admin: str
+) -> None:
+    alice, bob = bearer(make_key(db, "alice")), bearer(make_key(db, "bob"))
+    for _ in range(2):
+        assert client.post("/v1/jobs", json=BODY, headers=alice).status_code == 202
+    with db.sessions() as session, session.begin():
+        session.add(Worker(id="gpu-7.internal:4242", model="m", stats={"num_running": 3.0}))
+
+    def seen(headers: dict[str, str]) -> dict[str, Any]:
+        return client.get("/v1/overview", headers=headers).json()
+
+    everything = seen(bearer(admin))
+    assert everything["scope"] == "all"
+    assert [w["id"] for w in everything["workers"]] == ["gpu-7.internal:4242"]
+    assert everything["queue_depth"] == 2  # the broker's messages
+    for headers, queued in ((alice, 2), (bob, 0)):
+        mine = seen(headers)
+        assert mine["scope"] == "key" and mine["workers"] == [] and "gpu-7" not in str(mine)
+        assert mine["queue_depth"] == mine["jobs"]["queued"] == queued
+        assert (mine["oldest_queued_age_s"] is None) == (queued == 0)
 
 
 def test_keys_are_made_listed_and_revoked_by_the_cli_and_the_admin_routes(

@@ -22,7 +22,8 @@ def test_triton_kernels_match_their_references_under_the_interpreter() -> None:
         pytest.importorskip("triton")
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     env.pop("PAGEDQ_KERNEL_BACKEND", None)
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/kernels/test_kernels_triton.py"]
+    module = "tests/kernels/test_kernels_triton.py"
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", module]
     result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, f"{result.stdout[-8000:]}\n{result.stderr[-2000:]}"
     assert " passed" in result.stdout and " error" not in result.stdout, result.stdout[-2000:]

@@ -15,8 +15,14 @@ import pytest
 import torch
 
 from kernels import AttentionMetadata, backend_for, dispatch, reference
+from tests.kernels.test_kernels_reference import (
+    KV_HEADS,
+    dense_attention,
+    make_meta,
+    random_layer,
+    scattered_tables,
+)
 from tests.support.reference import chosen_logprobs
-from tests.kernels.test_kernels_reference import KV_HEADS, dense_attention, make_meta, random_layer, scattered_tables
 
 CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 CUDA = torch.cuda.is_available()
@@ -37,7 +43,7 @@ except ImportError as error:  # a platform without a Triton wheel
 INTERPRETED = isinstance(t_write_kv._write_kv_kernel, InterpretedFunction)
 if not CUDA and not INTERPRETED:
     pytest.skip(
-        "no CUDA and TRITON_INTERPRET is not 1 (tests/kernels/test_kernels_interpreted.py runs this module with it)",
+        "no CUDA and TRITON_INTERPRET is not 1 (tests/kernels/test_kernels_interpreted.py runs this module with it)",  # noqa: E501
         allow_module_level=True,
     )
 DEVICE = "cuda" if CUDA else "cpu"

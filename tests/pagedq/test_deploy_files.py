@@ -16,6 +16,7 @@ import tomllib
 from fnmatch import fnmatch
 from pathlib import Path, PurePosixPath
 
+import pytest
 import torch
 import yaml
 from sqlalchemy.exc import OperationalError
@@ -296,3 +297,14 @@ def test_the_webhooks_healthcheck_needs_its_process_and_the_broker() -> None:
     assert "not pagedq webhooks" in healthcheck("webhooks", Settings(broker_url=redis_url()), "worker").stderr
     unreachable = Settings(broker_url=f"redis://127.0.0.1:{free_port()}/0")
     assert healthcheck("webhooks", unreachable, "webhooks").returncode != 0
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize(
+    ("target", "installs_browser"), [("run", False), ("setup", False), ("test", True), ("test-fast", True)]
+)
+def test_only_the_tests_install_the_browser(target: str, installs_browser: bool) -> None:
+    """`make run` must not stop for a sudo password to install a browser only the console's tests use."""
+    dry_run = ["make", "-n", "-B", target]  # -B: every recipe, as on a machine that has nothing yet
+    recipe = subprocess.run(dry_run, cwd=REPO, capture_output=True, text=True, check=True).stdout
+    assert ("apt-get install -y -q chromium" in recipe) == installs_browser, recipe

@@ -32,7 +32,7 @@ from core.models import Batch, File, Job, WebhookDelivery, Worker, utcnow
 from core.settings import Settings
 from core.special_addresses import IPV4_SPECIAL, IPV6_SPECIAL, Address, SpecialRange, special_range
 from core.states import JobStatus
-from core.webhooks import Outbox, WebhookRefused, checked_address, record_event
+from core.webhooks import Outbox, WebhookRefused, checked_address, parse_webhook_url, record_event
 from tests.support.jobs_client import Database, api_client, start_worker, submit
 from tests.support.services import Process, service_env, wait_for
 from worker.store import JobStore, Progress
@@ -628,11 +628,21 @@ def test_public_addresses_and_their_ipv6_forms_are_accepted(host):
 
 
 def test_urls_that_are_not_http_or_do_not_resolve_are_refused():
-    for url in ("file:///etc/passwd", "ftp://example.com/x", "http:///no-host"):
+    for url in ("file:///etc/passwd", "ftp://example.com/x", "http://", "https://:443/"):
         with pytest.raises(WebhookRefused, match="http"):
             checked_address(url, allow_private=True, resolve_timeout=1)
-    with pytest.raises(OSError):
-        checked_address("http://no-such-host.invalid/", allow_private=True, resolve_timeout=1)
+    for url in ("http://no-such-host.invalid/", "http:///no-such-host.invalid"):  # WHATWG: the same host
+        with pytest.raises(OSError):
+            checked_address(url, allow_private=True, resolve_timeout=1)
+
+
+@pytest.mark.parametrize("url", ["http://10.0.0.1:80\\@8.8.8.8/", "http://127.0.0.1\\@example.com/"])
+def test_the_guard_reads_the_host_the_sender_reaches(url):
+    """urllib and httpx read the host after the backslash's "@"; WHATWG (the API's parser) reads the one
+    before it, which is where the request would go: one parser everywhere, so the private host is seen."""
+    with pytest.raises(WebhookRefused, match="special-purpose range"):
+        checked_address(url, allow_private=False, resolve_timeout=1)
+    assert parse_webhook_url(url).host in ("10.0.0.1", "127.0.0.1")
 
 
 def test_a_slow_dns_answer_is_given_up_on_within_the_timeout(monkeypatch):

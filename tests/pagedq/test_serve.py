@@ -1,0 +1,54 @@
+"""``pagedq api`` with several processes (``PAGEDQ_API_WORKERS``) on a box too busy to start them quickly."""
+
+from pathlib import Path
+
+import httpx
+import pytest
+
+from core.settings import Settings
+from tests.support.services import Process, database_from, free_port, redis_url, service_env, wait_for
+
+SLOW_START = 8  # seconds: more than uvicorn's 5 s ping timeout
+
+
+@pytest.fixture
+def slow_start(tmp_path: Path) -> Path:
+    """A sitecustomize that holds each spawned child (never the parent) before it can answer a ping."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        f"import sys, time\nif '--multiprocessing-fork' in sys.argv:\n    time.sleep({SLOW_START})\n"
+    )
+    return site
+
+
+def test_api_processes_that_start_slowly_are_not_killed(
+    pg_template: str, tiny_llama: Path, slow_start: Path, tmp_path: Path
+) -> None:
+    with database_from(pg_template) as url:
+        settings = Settings(
+            database_url=url,
+            broker_url=redis_url(),
+            model=str(tiny_llama),
+            data_dir=tmp_path,
+            port=free_port(),
+            api_workers=2,
+        )
+        env = service_env(settings)
+        env["PYTHONPATH"] = f"{slow_start}:{env.get('PYTHONPATH', '')}".rstrip(":")
+        api = Process(["api"], env, tmp_path / "api.log")
+        try:
+            started = lambda: api.log().count('"message": "Started server process')  # noqa: E731
+            wait_for(lambda: started() >= 2, 120, "both API processes to start", interval=0.2)
+            assert served(settings.port)
+            log = api.log()
+            assert started() == 2 and "died" not in log, log[-3000:]  # none killed and replaced
+        finally:
+            assert api.stop() == 0, api.log()[-3000:]
+
+
+def served(port: int) -> bool:
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200
+    except httpx.TransportError:
+        return False
