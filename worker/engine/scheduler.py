@@ -5,7 +5,7 @@ prefills still in progress), then waiting ones in priority order. Long prompts a
 in chunks. When the KV pool runs dry, the lowest-priority, latest-arrived running sequence is
 preempted: its blocks are freed and it is recomputed later. A running sequence with nothing to
 compute (a beam whose siblings are not computed yet) is left idle; when nothing else can run, a
-waiting sequence may take an idle one's blocks.
+waiting sequence may take an idle one's blocks and seat.
 
 After the step the engine calls ``advance`` (tokens computed), ``fork`` (a sample or beam sharing its
 parent's blocks) and ``finish``; it never touches the queues or the block pool itself.
@@ -107,37 +107,40 @@ class Scheduler:
         index = 0
         while index < len(self.waiting) and budget > 0:
             seq = self.waiting[index]
-            if seq.num_tokens == seq.num_tokens_reported:
+            if seq.num_tokens == seq.num_tokens_reported or self._waits_for_prefix(seq, upcoming):
                 index += 1
                 continue
-            while seats + self._seats(seq) > self.config.max_num_seqs and (
-                freed := self._yield(batch, yielded)
-            ):
-                seats -= freed
-            if seats + self._seats(seq) > self.config.max_num_seqs:
-                break
-            self.block_manager.match_prefix(seq)
             num_new = min(seq.num_uncomputed_tokens, budget)
-            if set(self.block_manager.uncomputed_block_hashes(seq, limit=1)) & upcoming:
-                self.block_manager.free(seq)
-                index += 1
-                continue
-            while not self.block_manager.can_grow(seq, num_new) and (freed := self._yield(batch, yielded)):
+            while not (fits := self._fits(seq, num_new, seats)) and (freed := self._yield(batch, yielded)):
                 seats -= freed
-            if not self.block_manager.can_grow(seq, num_new):
+            if not fits:
                 self.block_manager.free(seq)
                 break
-            self.block_manager.grow(seq, num_new)
-            self.waiting.pop(index)
-            seq.status = SequenceStatus.RUNNING
-            self.running[seq] = None
+            self._admit(self.waiting.pop(index), num_new, batch)
             seats += self._seats(seq)
-            batch.sequences.append(seq)
-            batch.num_new_tokens.append(num_new)
             budget -= num_new
             upcoming.update(self.block_manager.uncomputed_block_hashes(seq))
         for seq in yielded:
             self.add(seq)
+
+    def _waits_for_prefix(self, seq: Sequence, upcoming: set[int]) -> bool:
+        """Map the cached prefix of ``seq``; when its next block is among ``upcoming``, let it go again."""
+        self.block_manager.match_prefix(seq)
+        if set(self.block_manager.uncomputed_block_hashes(seq, limit=1)) & upcoming:
+            self.block_manager.free(seq)
+            return True
+        return False
+
+    def _fits(self, seq: Sequence, num_new: int, seats: int) -> bool:
+        has_seats = seats + self._seats(seq) <= self.config.max_num_seqs
+        return has_seats and self.block_manager.can_grow(seq, num_new)
+
+    def _admit(self, seq: Sequence, num_new: int, batch: ScheduledBatch) -> None:
+        self.block_manager.grow(seq, num_new)
+        seq.status = SequenceStatus.RUNNING
+        self.running[seq] = None
+        batch.sequences.append(seq)
+        batch.num_new_tokens.append(num_new)
 
     def _yield(self, batch: ScheduledBatch, yielded: list[Sequence]) -> int:
         """When this step runs nothing else, preempt the lowest-priority idle running sequence for a waiting
