@@ -96,14 +96,14 @@ def build_service(settings: Settings, model_dir: Path) -> Service:
     sessions = make_sessionmaker(engine)
     celery = make_celery(settings)
     queue = queue_name(settings.served_model_name)
-    prompts = PromptEncoder(model_dir, settings.max_model_len)
+    prompts = PromptEncoder(model_dir, settings.engine_config())
     return Service(
         settings=settings,
         db_engine=engine,
         sessions=sessions,
         celery=celery,
         prompts=prompts,
-        batch_checker=BatchChecker(prompts, model_dir, settings.max_model_len, settings.batch_processes),
+        batch_checker=BatchChecker(prompts, model_dir, prompts.engine, settings.batch_processes),
         waiter=JobWaiter(sessions),
         submitter=Submitter(sessions, celery, queue),
         live=LiveStreams(url) if (url := streams_url(settings)) else None,

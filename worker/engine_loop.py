@@ -147,7 +147,7 @@ class EngineLoop(Generic[E]):
         if self.streamer is not None and not flight.job.in_batch:
             text = "".join(sample.text for sample in output.outputs if sample.index == 0)
             self.streamer.put(flight.job.id, flight.job.attempt, text, output.finished)
-        if output.finished and output.error is not None:  # its constraint did not compile in time
+        if output.finished and output.error is not None:  # its constraint failed
             self.flights.end(flight, JobStatus.FAILED, error=f"rejected by the engine: {output.error}")
         elif output.finished:
             reason = flight.result.choices[0].finish_reason

@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 
 from api.batches.lines import LineError, read_lines
 from api.prompts.encoder import ContextExceeded, PromptEncoder, PromptError
+from contract.engine import EngineConfig
 
 logger = logging.getLogger(__name__)
 SLICE_LINES = 2048
@@ -68,11 +69,9 @@ def check_slice(encoder: PromptEncoder, task: Slice) -> tuple[list[CheckedLine],
 
 
 class BatchChecker:
-    def __init__(
-        self, encoder: PromptEncoder, model_dir: Path, max_model_len: int | None, processes: int
-    ) -> None:
+    def __init__(self, encoder: PromptEncoder, model_dir: Path, engine: EngineConfig, processes: int) -> None:
         self.encoder = encoder
-        self._pool_args = (processes, model_dir, max_model_len)
+        self._pool_args = (processes, model_dir, engine)
         self._pool = _start_pool(*self._pool_args) if processes > 0 else None
 
     def check(self, content: bytes, endpoint: str, served_model: str) -> Iterator[CheckedLine]:
@@ -100,12 +99,12 @@ class BatchChecker:
             self._pool.shutdown(cancel_futures=True)
 
 
-def _start_pool(processes: int, model_dir: Path, max_model_len: int | None) -> ProcessPoolExecutor:
+def _start_pool(processes: int, model_dir: Path, engine: EngineConfig) -> ProcessPoolExecutor:
     pool = ProcessPoolExecutor(
         processes,
         mp_context=multiprocessing.get_context("spawn"),  # this process has threads: never fork it
         initializer=_load_encoder,
-        initargs=(model_dir, max_model_len),
+        initargs=(model_dir, engine),
     )
     for _ in range(processes):  # start them now: a process takes seconds to load its tokenizer
         pool.submit(_ready)
@@ -133,10 +132,10 @@ def _unique(results: Iterable[tuple[list[CheckedLine], list[LineError]]]) -> Ite
 _encoder: PromptEncoder | None = None  # a pool process's own
 
 
-def _load_encoder(model_dir: Path, max_model_len: int | None) -> None:
+def _load_encoder(model_dir: Path, engine: EngineConfig) -> None:
     global _encoder
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # the pool is the parallelism: no threads per process
-    _encoder = PromptEncoder(model_dir, max_model_len)
+    _encoder = PromptEncoder(model_dir, engine)
 
 
 def _ready() -> None:

@@ -23,7 +23,7 @@ from api.batches.schemas import BatchIn, BatchOut
 from api.deps import Service
 from api.files.queries import find as find_file
 from api.http.caller import Caller
-from api.http.limits import check_active, check_sizes
+from api.http.limits import check_active, check_sizes, hold_keys
 from api.http.problems import Conflict, Invalid, Unavailable
 from api.jobs.queries import check_webhook_url
 from core.batches import cancel_unfinished, tally
@@ -123,6 +123,8 @@ def _start(service: Service, caller: Caller, batch: Batch, lines: Iterable[Check
         session.flush()
         insert_jobs(session, _shared_by_jobs(batch), _job_rows(prefix, caller, lines, ids))
         batch.total = len(ids)
+        if caller.key_id is not None and caller.limits is not None:
+            hold_keys(session, [caller.key_id])  # counted after every other submission of the key
         check_active(session, caller, batch.total, inserted=True)  # refused: all of it rolls back
     service.bulk_publisher.publish(ids, batch.priority)
 

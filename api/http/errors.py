@@ -13,6 +13,9 @@ from fastapi import FastAPI, HTTPException, Request
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from kombu.exceptions import OperationalError as KombuOperationalError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -44,6 +47,8 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(Problem, _problem)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(OperationalError, _database_down)
+    for broker_error in (RedisConnectionError, RedisTimeoutError, KombuOperationalError):
+        app.add_exception_handler(broker_error, _broker_down)
     app.add_exception_handler(Exception, _internal)
 
 
@@ -100,6 +105,14 @@ async def _database_down(request: Request, error: Exception) -> Response:
     where = {"method": request.method, "path": request.url.path}
     logger.error("database unavailable", extra=where | {"error": str(error)})  # no parameters: core/db.py
     return await _problem(request, Unavailable("the database is unavailable; retry later"))
+
+
+async def _broker_down(request: Request, error: Exception) -> Response:
+    """Redis away (the key limits' counters, the queue's depth): a 503, as for the database. Reads that
+    need only the database are served meanwhile, and publishing a job waits for the reconciler."""
+    where = {"method": request.method, "path": request.url.path}
+    logger.error("broker unavailable", extra=where | {"error": str(error)})
+    return await _problem(request, Unavailable("the broker (Redis) is unavailable; retry later"))
 
 
 async def _internal(request: Request, error: Exception) -> JSONResponse:

@@ -11,7 +11,7 @@ from starlette.concurrency import run_in_threadpool
 
 from api.deps import Service
 from api.http.caller import Caller
-from api.http.limits import check_active, check_sizes
+from api.http.limits import admit, check_active, check_sizes
 from api.http.problems import Conflict, Invalid, NotFound
 from api.prompts.encoder import ContextExceeded, PromptError
 from core.models import ApiKey, Job, utcnow
@@ -38,8 +38,14 @@ async def submit(
     The caller's key owns it, and its limits apply (``api/http/limits.py``): a refusal enqueues nothing.
 
     The row is committed before its id is published, so a worker never receives an id it cannot load.
+    A retry (an ``idempotency_key`` whose job exists) is looked up first: free, it returns that job.
     """
     _check_model(service, spec)
+    hashed = request_hash(spec) if idempotency_key else None  # before the context fills max_tokens
+    if idempotency_key is not None:
+        found = await run_in_threadpool(_find_earlier, service, idempotency_key, caller.key_id, hashed)
+        if found is not None:
+            return found, False
     if caller.limits is not None:  # off the event loop: a Redis round trip
         await run_in_threadpool(service.limiter.request, caller)
     try:
@@ -49,7 +55,7 @@ async def submit(
         raise Invalid(("body", error.field), str(error), kind) from error
     if fills_context:
         spec.max_tokens = service.prompts.context_length - len(token_ids)
-    job = _new_job(service, spec, token_ids, idempotency_key)
+    job = _new_job(service, spec, token_ids, idempotency_key, hashed)
     job.key_id = caller.key_id
     if caller.limits is not None:
         check_sizes(caller.limits, len(token_ids), spec.max_tokens, max(spec.n, spec.best_of or 0), ("body",))
@@ -57,26 +63,33 @@ async def submit(
     if job.webhook_url is not None:
         await run_in_threadpool(check_webhook_url, service, job.webhook_url)  # it may resolve a host name
     if idempotency_key is None:
-        await service.submitter.submit(job)
+        await service.submitter.submit(job, caller)
         return job, True
-    return await run_in_threadpool(_submit_once, service, job, idempotency_key)
+    return await run_in_threadpool(_submit_once, service, job, caller, idempotency_key)
 
 
 def _admit(service: Service, caller: Caller, tokens: int) -> None:
-    """Room for one more active job of the caller's key, then its tokens charged (429 if not)."""
+    """Room for one more active job of the caller's key at first look (the write counts again, exactly),
+    then its tokens charged (429 if not)."""
     with service.sessions() as session:
         check_active(session, caller, 1)
     service.limiter.tokens(caller, tokens)
 
 
-def _submit_once(service: Service, job: Job, idempotency_key: str) -> tuple[Job, bool]:
+def _submit_once(service: Service, job: Job, caller: Caller, idempotency_key: str) -> tuple[Job, bool]:
     with service.sessions() as session:
+        if refused := admit(session, [caller]):
+            raise refused[0]
         session.add(job)
         try:
             session.commit()
-        except IntegrityError:
+        except IntegrityError:  # a request with the same key committed meanwhile
             session.rollback()
-            return _earlier(session, idempotency_key, job), False
+            earlier = _earlier(session, idempotency_key, job.key_id, job.request_hash)
+            if earlier is None:
+                message = "insert failed on a unique constraint, but no job has Idempotency-Key"
+                raise RuntimeError(f"{message} {idempotency_key!r}") from None
+            return earlier, False
     service.submitter.publish([job])
     return job, True
 
@@ -88,7 +101,9 @@ def _check_model(service: Service, spec: JobSpec) -> None:
         raise Invalid(("body", "model"), message, "model_not_served")
 
 
-def _new_job(service: Service, spec: JobSpec, token_ids: list[int], idempotency_key: str | None) -> Job:
+def _new_job(
+    service: Service, spec: JobSpec, token_ids: list[int], idempotency_key: str | None, hashed: str | None
+) -> Job:
     now = utcnow()
     return Job(
         status=JobStatus.QUEUED,
@@ -103,7 +118,7 @@ def _new_job(service: Service, spec: JobSpec, token_ids: list[int], idempotency_
         webhook_url=str(spec.webhook_url) if spec.webhook_url else None,
         webhook_events=spec.webhook_events,
         idempotency_key=idempotency_key,
-        request_hash=request_hash(spec) if idempotency_key else None,
+        request_hash=hashed,
         queued_at=now,
         published_at=now,
         expires_at=deadline(now, service.settings),
@@ -130,14 +145,21 @@ def request_hash(spec: JobSpec) -> str:
     return hashlib.sha256(body.encode()).hexdigest()
 
 
-def _earlier(session: Session, key: str, new: Job) -> Job:
+def _find_earlier(service: Service, key: str, key_id: str | None, hashed: str | None) -> Job | None:
+    with service.sessions() as session:
+        return _earlier(session, key, key_id, hashed)
+
+
+def _earlier(session: Session, key: str, key_id: str | None, hashed: str | None) -> Job | None:
+    """The job an earlier request with Idempotency-Key ``key`` made, or None; 422 if it was another key's
+    or another body."""
     job = session.scalar(select(Job).where(Job.idempotency_key == key))
     if job is None:
-        raise RuntimeError(f"insert failed on a unique constraint, but no job has Idempotency-Key {key!r}")
-    if job.key_id != new.key_id:  # another key's job: say nothing of it
+        return None
+    if job.key_id != key_id:  # another key's job: say nothing of it
         message = f"Idempotency-Key {key!r} is taken; choose another"
         raise Invalid(("header", "Idempotency-Key"), message, "idempotency_key_reused")
-    if job.request_hash != new.request_hash:
+    if job.request_hash != hashed:
         raise Invalid(
             ("header", "Idempotency-Key"),
             f"Idempotency-Key {key!r} was already used for job {job.id} with a different request body",

@@ -6,18 +6,24 @@ idle API still commits a lone job at once. The batch's messages go out in one br
 is answered only after its row is committed and its message is published (or its publish failed, which
 the worker's reconciler repairs). If a shared write fails, its jobs are written again one by one, so
 one job the database refuses fails alone (a 422 when it is the job's values, else the fault as it is).
+
+The write holds the keys of its jobs that have a ``max_active_jobs`` and counts their active jobs in
+the same transaction (``api/limits.py``): a job past its key's limit is refused (429) and not written.
 """
 
 import asyncio
 import logging
 from collections import defaultdict
+from typing import NamedTuple
 
 from celery import Celery
 from sqlalchemy.exc import DataError, IntegrityError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
-from api.http.problems import Invalid
+from api.http.caller import OPEN, Caller
+from api.http.limits import admit
+from api.http.problems import Invalid, TooMany
 from core.models import Job
 from core.queue import publish_jobs
 from core.spec import escaped
@@ -26,16 +32,23 @@ logger = logging.getLogger(__name__)
 MAX_BATCH = 256
 
 
+class Member(NamedTuple):
+    job: Job
+    caller: Caller
+    done: asyncio.Future[None]
+
+
 class Submitter:
     def __init__(self, sessions: sessionmaker[Session], celery: Celery, queue: str) -> None:
         self._sessions, self._celery, self._queue = sessions, celery, queue
-        self._pending: list[tuple[Job, asyncio.Future[None]]] = []
+        self._pending: list[Member] = []
         self._drainer: asyncio.Task[None] | None = None
 
-    async def submit(self, job: Job) -> None:
-        """Returns once ``job`` is committed and published; raises what committing it raised."""
+    async def submit(self, job: Job, caller: Caller = OPEN) -> None:
+        """Returns once ``job`` is committed and published; raises what committing it raised, or
+        ``TooMany`` when its key (``caller``) is at its max_active_jobs."""
         done = asyncio.get_running_loop().create_future()
-        self._pending.append((job, done))
+        self._pending.append(Member(job, caller, done))
         if self._drainer is None or self._drainer.done():
             self._drainer = asyncio.create_task(self._drain())
         await done
@@ -44,7 +57,7 @@ class Submitter:
         while self._pending:
             batch, self._pending = self._pending[:MAX_BATCH], self._pending[MAX_BATCH:]
             try:
-                await run_in_threadpool(self._write, [job for job, _ in batch])
+                refused = await run_in_threadpool(self._write, batch)
             except OperationalError as error:  # the database is down: each would fail alike
                 _settle(batch, error)
             except Exception as error:
@@ -58,21 +71,25 @@ class Submitter:
                 for member in batch:  # only the job at fault fails
                     await self._write_alone(member)
             else:
-                _settle(batch, None)
+                _settle_each(batch, refused)
 
-    async def _write_alone(self, member: tuple[Job, asyncio.Future[None]]) -> None:
+    async def _write_alone(self, member: Member) -> None:
         try:
-            await run_in_threadpool(self._write, [member[0]])
+            refused = await run_in_threadpool(self._write, [member])
         except Exception as error:
             _settle([member], _as_client_error(error))
         else:
-            _settle([member], None)
+            _settle_each([member], refused)
 
-    def _write(self, jobs: list[Job]) -> None:
+    def _write(self, members: list[Member]) -> dict[int, TooMany]:
+        """Writes and publishes the members' jobs but those past their key's limit: refused, by index."""
         with self._sessions() as session:
+            refused = admit(session, [m.caller for m in members])
+            jobs = [m.job for i, m in enumerate(members) if i not in refused]
             session.add_all(jobs)
             session.commit()
         self.publish(jobs)
+        return refused
 
     def publish(self, jobs: list[Job]) -> None:
         """Publish committed jobs' ids; a failure is logged, not raised: the jobs are safe in the database."""
@@ -89,8 +106,13 @@ class Submitter:
                 )
 
 
-def _settle(batch: list[tuple[Job, asyncio.Future[None]]], error: BaseException | None) -> None:
-    for _, done in batch:
+def _settle_each(batch: list[Member], refused: dict[int, TooMany]) -> None:
+    for i, member in enumerate(batch):
+        _settle([member], refused.get(i))
+
+
+def _settle(batch: list[Member], error: BaseException | None) -> None:
+    for _, _, done in batch:
         if done.done():
             continue
         if error is None:

@@ -13,6 +13,7 @@ from transformers import AutoConfig, AutoTokenizer
 
 from api.prompts.piece_encoding import PieceEncoder
 from contract import context
+from contract.engine import EngineConfig
 from contract.sampling_defaults import generation_defaults
 from core.spec import JobSpec
 
@@ -63,10 +64,11 @@ class PromptEncoder:
 
     The API's event loop never tokenizes: it hands the work to ``run``, the encoder's own thread."""
 
-    def __init__(self, model_dir: Path, max_model_len: int | None) -> None:
+    def __init__(self, model_dir: Path, engine: EngineConfig) -> None:
+        self.engine = engine  # the worker's knobs: a request is checked as its engine will check it
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         config = AutoConfig.from_pretrained(model_dir).to_dict()
-        self.context_length = context.max_model_len(config, max_model_len)  # prompt + output, as the engine
+        self.context_length = context.max_model_len(config, engine.max_model_len)  # prompt + output
         self.sampling_defaults = generation_defaults(model_dir)
         fast = self.tokenizer.is_fast
         self._chats = PieceEncoder(self.tokenizer.backend_tokenizer) if fast else None
@@ -172,8 +174,13 @@ class PromptEncoder:
         )
 
     def _checked(self, spec: JobSpec, token_ids: list[int]) -> list[int] | PromptError:
-        """The ids, or why they cannot run: no tokens, or more than the context with max_tokens."""
+        """The ids, or why they cannot run: no tokens, more than the context with max_tokens, or
+        more sequences than the engine could ever schedule at once."""
         field = "messages" if spec.messages is not None else "prompt"
+        sequences = (spec.best_of or spec.n) if spec.use_beam_search else spec.n
+        knobs = self.engine.max_num_seqs, self.engine.max_num_batched_tokens
+        if step := context.step_problem(sequences, spec.use_beam_search, *knobs):
+            return PromptError("best_of" if spec.use_beam_search and spec.best_of else "n", step)
         if not token_ids:
             return PromptError(field, "the prompt encodes to no tokens")
         if problem := context.context_problem(len(token_ids), spec.max_tokens, self.context_length):
