@@ -22,16 +22,7 @@ MAX_METHODS = 20
 
 # Import circles that are known and being removed elsewhere, by name: the lead empties this once the fix
 # has landed (test_known_cycles_still_exist says when). Every other circle fails the test.
-KNOWN_CYCLES: dict[str, frozenset[str]] = {
-    "the scheduler drives beam search, and a Request holds its BeamSearcher (issue 27, item 2)": frozenset(
-        {
-            "worker.engine.sequence",
-            "worker.engine.beam_search",
-            "worker.engine.scheduler",
-            "worker.engine.block_manager",
-        }
-    ),
-}
+KNOWN_CYCLES: dict[str, frozenset[str]] = {}
 ENGINE_MUST_NOT_IMPORT = ("sqlalchemy", "fastapi", "starlette", "celery", "core.db")
 
 

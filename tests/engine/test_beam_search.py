@@ -79,7 +79,7 @@ def test_beams_share_their_prompt_blocks(tiny_llama: Path) -> None:
     assert_pool_empty(llm)
 
 
-def test_preempted_beam_search_starts_over_and_finds_the_same_beams(setup, tiny_llama: Path) -> None:
+def test_preempted_beams_resume_and_find_the_same_beams(setup, tiny_llama: Path) -> None:
     llm, _, prompts, _ = setup
     want = [[s.token_ids for s in out.outputs] for out in llm.generate(prompts, beam_params(4))]
     tight = LLM(str(tiny_llama), device="cpu", dtype="float32", kv_cache_bytes=12 * 2 * 2 * 16 * 32 * 4)

@@ -66,7 +66,7 @@ def test_fork_shares_the_parents_blocks_and_finish_frees_each_sequences_claim() 
     assert parent.status is SequenceStatus.FINISHED and parent not in s.running and parent.block_table == []
     assert blocks_in_use(s) == 2  # the child's: the shared full block and the half-filled one
     s.finish(child)
-    assert blocks_in_use(s) == 0 and s.running == [] and s.waiting == []
+    assert blocks_in_use(s) == 0 and not s.running and s.waiting == []
 
 
 def test_a_full_pool_preempts_the_lowest_priority_sequence_which_resumes_from_the_prefix_cache() -> None:
@@ -87,7 +87,7 @@ def test_a_full_pool_preempts_the_lowest_priority_sequence_which_resumes_from_th
     assert blocks_in_use(s) == 0
 
 
-def test_a_preempted_beam_search_is_freed_whole_and_starts_over_from_its_prompt() -> None:
+def test_a_preempted_beam_resumes_from_the_prefix_cache_while_its_sibling_waits_idle() -> None:
     s = scheduler(5)
     urgent = sequence("urgent", range(7))
     first = sequence("beams", range(50, 56), priority=1, use_beam_search=True, n=2, temperature=0.0)
@@ -101,9 +101,56 @@ def test_a_preempted_beam_search_is_freed_whole_and_starts_over_from_its_prompt(
     sample(urgent, first, second)
     assert step(s) == [urgent, first, second]  # the first beam's copy on write takes the last free block
     sample(urgent, first, second)
-    batch = s.schedule()  # urgent needs a block: the search is the victim, both of its beams at once
-    assert batch.sequences == [urgent] and s.num_preemptions == 1
-    assert second.status is SequenceStatus.FINISHED and second.block_table == []
-    assert request.sequences == [first] and not request.forked and s.waiting == [first]
-    assert first.token_ids == list(range(50, 56)) and first.cumulative_logprob == 0.0
-    assert s.running == [urgent] and blocks_in_use(s) == 3
+    batch = s.schedule()  # urgent needs a block: the latest beam is the victim, alone
+    assert batch.sequences == [urgent, first] and s.num_preemptions == 1
+    assert second.status is SequenceStatus.WAITING and second.block_table == [] and s.waiting == [second]
+    assert second.token_ids == [*range(50, 56), 1, 1]  # it keeps its tokens and is recomputed later
+    assert s.advance(batch) == [urgent, first]
+    s.finish(urgent)
+    assert step(s) == [second] and second.num_cached_tokens == BS  # its prompt block from the cache
+    assert first.num_uncomputed_tokens == 0  # computed, and idle until the search moves on
+    s.finish(first)
+    s.finish(second)
+    assert blocks_in_use(s) == 0 and not s.running and s.waiting == []
+
+
+def test_a_waiting_sequence_takes_an_idle_sequences_blocks_when_nothing_else_can_run() -> None:
+    s = scheduler(3)
+    idle, late = sequence("idle", range(8)), sequence("late", range(50, 54), priority=1)
+    s.add(idle)
+    s.add(late)
+    assert step(s) == [idle, late]  # the pool is full; idle is left without a token, as a computed beam
+    sample(late)  # whose siblings are not computed yet: it has nothing to compute
+    assert step(s) == [] and late.status is SequenceStatus.WAITING  # late needs a block: preempted
+    batch = s.schedule()  # only idle holds blocks: without yielding them, no step would ever run again
+    assert batch.sequences == [late] and s.num_preemptions == 2
+    assert idle.status is SequenceStatus.WAITING and s.waiting == [idle] and idle.block_table == []
+    s.advance(batch)
+    s.finish(late)
+    assert step(s) == [] and s.waiting == [idle]  # reported due already: it waits for its next token
+    sample(idle)
+    assert step(s) == [idle] and idle.num_cached_tokens == BS  # back from the prefix cache
+    s.finish(idle)
+    assert blocks_in_use(s) == 0 and not s.running and s.waiting == []
+
+
+def test_seats_held_for_the_samples_of_an_unforked_request_are_counted_before_admitting_another() -> None:
+    s = scheduler(16, max_num_seqs=4)
+    first, second = sequence("first", range(5), n=3), sequence("second", range(10, 15), n=3)
+    s.add(first)
+    s.add(second)
+    assert step(s) == [first]  # its three samples need three of the four seats
+    assert s.waiting == [second]
+
+
+def test_finish_takes_out_of_waiting_exactly_the_sequence_among_equal_sort_keys() -> None:
+    s = scheduler(16)
+    first = sequence("r", range(5), n=2)
+    twin = Sequence(first.request, 0, list(first.token_ids))  # same request and index: the same sort key
+    later = sequence("later", range(5))
+    for seq in (first, twin, later):
+        s.add(seq)
+    s.finish(twin)
+    assert s.waiting == [first, later] and twin.status is SequenceStatus.FINISHED
+    s.finish(Sequence(later.request, 1, [1]))  # never queued: nothing to take out
+    assert s.waiting == [first, later]

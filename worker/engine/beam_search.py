@@ -5,7 +5,8 @@ Each step ranks every (beam, token) continuation by its beam's summed log-probab
 among the top ``width`` as finished hypotheses, scored ``sum_logprob / generated_len ** length_penalty``.
 The search stops when no running beam can still beat the worst kept hypothesis (transformers'
 heuristic for ``early_stopping=False``), when ``width`` hypotheses are kept (``True``), or at the
-length limit. ``BeamSearcher`` runs the engine's searches on sequences that share KV blocks.
+length limit. ``BeamSearcher`` runs the engine's searches, one per request id, on ordinary sequences that
+share KV blocks; a search advances once all its beams are computed.
 """
 
 import time
@@ -17,7 +18,7 @@ from transformers import PreTrainedTokenizerBase
 
 from worker.engine.outputs import CompletionOutput, RequestOutput
 from worker.engine.scheduler import Scheduler
-from worker.engine.sequence import Request, Sequence, by_request
+from worker.engine.sequence import Request, Sequence
 
 NEG_INF = -1.0e9
 
@@ -106,33 +107,62 @@ class BeamSearch:
 
 
 @dataclass
+class RequestSearch:
+    """A beam-search request's search, and the next-token log-probabilities of the beams computed so far
+    this step: a beam computed before its siblings (a small token budget, a preempted sibling) waits idle."""
+
+    request: Request
+    search: BeamSearch
+    rows: dict[Sequence, torch.Tensor] = field(default_factory=dict)
+
+    @property
+    def is_due(self) -> bool:
+        return all(seq in self.rows for seq in self.request.sequences)
+
+
+@dataclass
 class BeamSearcher:
-    """Advances the engine's beam searches, one token per step, on sequences the scheduler runs."""
+    """Advances the engine's beam searches, one token per step, on sequences the scheduler runs as it runs
+    any other. The searches are this class's own, by request id."""
 
     scheduler: Scheduler
     new_sequence: Callable[[Request, int, list[int]], Sequence]  # a sample of the request with these tokens
     tokenizer: PreTrainedTokenizerBase
     eos_token_ids: list[int]
     max_model_len: int
+    searches: dict[str, RequestSearch] = field(default_factory=dict)
 
     def step(self, due: list[tuple[int, Sequence]], logits: torch.Tensor) -> list[RequestOutput]:
-        """Advance every search whose beams are due, given as (logits row, beam); returns the outputs of
-        the searches that ended. The scheduler runs a search's beams in lockstep: all are due or none."""
-        rows = {seq: row for row, seq in due}
-        ended = [
-            self._advance(beams, logits[[rows[seq] for seq in beams]]) for beams in by_request(rows).values()
-        ]
+        """Take the logits of the beams that are due, given as (logits row, beam), and advance every search
+        whose beams all have theirs; returns the outputs of the searches that ended."""
+        if not due:
+            return []
+        log_probs = torch.log_softmax(logits[[row for row, _ in due]].float(), dim=-1).cpu()
+        touched: dict[str, RequestSearch] = {}
+        for (_, seq), row in zip(due, log_probs, strict=True):
+            search = self._search(seq.request)
+            search.rows[seq] = row
+            touched[seq.request.request_id] = search
+        ended = [self._advance(search) for search in touched.values() if search.is_due]
         return [output for output in ended if output is not None]
 
-    def _advance(self, beams: list[Sequence], logits: torch.Tensor) -> RequestOutput | None:
-        request, params = beams[0].request, beams[0].request.params
-        if len(beams) != len(request.sequences):
-            raise RuntimeError(f"request {request.request_id!r}: its beams were not scheduled together")
-        if not request.forked:  # the search's first step, or its first since a preemption restarted it
-            request.beam = BeamSearch(params.beam_width, params.length_penalty, params.early_stopping)
-        search = request.beam
+    def drop(self, request_id: str) -> None:
+        """Forget an aborted request's search."""
+        self.searches.pop(request_id, None)
+
+    def _search(self, request: Request) -> RequestSearch:
+        if request.request_id not in self.searches:
+            params = request.params
+            search = BeamSearch(params.beam_width, params.length_penalty, params.early_stopping)
+            self.searches[request.request_id] = RequestSearch(request, search)
+        return self.searches[request.request_id]
+
+    def _advance(self, state: RequestSearch) -> RequestOutput | None:
+        request, search, params = state.request, state.search, state.request.params
+        beams, rows = request.sequences, state.rows
+        state.rows = {}
         chosen = search.step(
-            torch.log_softmax(logits.float(), dim=-1).cpu(),
+            torch.stack([rows[seq] for seq in beams]),
             [seq.cumulative_logprob for seq in beams],
             [seq.output_token_ids for seq in beams],
             [*([] if params.ignore_eos else self.eos_token_ids), *params.stop_token_ids],
@@ -167,6 +197,7 @@ class BeamSearcher:
         request.sequences, request.forked = [seq for seq, _ in next_beams], True
 
     def _finish(self, request: Request, best: list[Hypothesis]) -> RequestOutput:
+        del self.searches[request.request_id]
         for seq in request.sequences:
             self.scheduler.finish(seq)
         request.forked = True

@@ -143,6 +143,7 @@ class LLMEngine:
             return False
         if request in self.compiling:
             self.compiling.remove(request)
+        self.beam_searcher.drop(request_id)
         for seq in request.sequences:
             if not seq.is_finished:
                 self._finish(seq, "abort")

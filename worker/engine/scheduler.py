@@ -3,7 +3,9 @@
 Every step fills a token budget and a sequence limit: running sequences first (decodes, and
 prefills still in progress), then waiting ones in priority order. Long prompts are prefilled
 in chunks. When the KV pool runs dry, the lowest-priority, latest-arrived running sequence is
-preempted: its blocks are freed and it is recomputed later.
+preempted: its blocks are freed and it is recomputed later. A running sequence with nothing to
+compute (a beam whose siblings are not computed yet) is left idle; when nothing else can run, a
+waiting sequence may take an idle one's blocks and seat.
 
 After the step the engine calls ``advance`` (tokens computed), ``fork`` (a sample or beam sharing its
 parent's blocks) and ``finish``; it never touches the queues or the block pool itself.
@@ -32,12 +34,12 @@ class Scheduler:
     config: EngineConfig
     block_manager: BlockManager
     waiting: list[Sequence] = field(default_factory=list)  # kept sorted by sort_key
-    running: list[Sequence] = field(default_factory=list)
+    running: dict[Sequence, None] = field(default_factory=dict)  # in admission order, O(1) removal
     num_preemptions: int = 0
 
     def add(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING
-        bisect.insort(self.waiting, seq, key=lambda s: s.sort_key)
+        bisect.insort(self.waiting, seq, key=_sort_key)
 
     @property
     def kv_cache_usage(self) -> float:
@@ -57,96 +59,100 @@ class Scheduler:
 
     def _schedule_running(self, batch: ScheduledBatch, budget: int) -> int:
         """Decodes first, then prefills in progress; each in priority order."""
+        scheduled: set[Sequence] = set()
         for seq in sorted(self.running, key=lambda s: (s.num_uncomputed_tokens > 1, s.sort_key)):
             if budget == 0:
                 break
-            if seq.status is not SequenceStatus.RUNNING:
-                continue  # preempted earlier in this loop
-            if not self._beams_fit(seq, budget, batch):
-                continue
+            if seq.status is not SequenceStatus.RUNNING or seq.num_uncomputed_tokens == 0:
+                continue  # preempted earlier in this loop, or idle
             num_new = min(seq.num_uncomputed_tokens, budget)
-            if not self._make_room(seq, num_new, batch):
+            if not self._make_room(seq, num_new, scheduled):
                 continue
             self.block_manager.grow(seq, num_new)
+            scheduled.add(seq)
             batch.sequences.append(seq)
             batch.num_new_tokens.append(num_new)
             budget -= num_new
         return budget
 
-    @staticmethod
-    def _beams_fit(seq: Sequence, budget: int, batch: ScheduledBatch) -> bool:
-        """The beams of a search advance together: all of them this step, or none."""
-        request = seq.request
-        if not request.params.use_beam_search or not request.forked:
-            return True
-        return sum(s.num_uncomputed_tokens for s in request.sequences if s not in batch.sequences) <= budget
-
-    def _make_room(self, seq: Sequence, num_new: int, batch: ScheduledBatch) -> bool:
+    def _make_room(self, seq: Sequence, num_new: int, scheduled: set[Sequence]) -> bool:
         """Preempt the lowest-priority, latest-arrived unscheduled sequence until ``seq`` fits.
 
         Returns False when ``seq`` itself was preempted.
         """
         while not self.block_manager.can_grow(seq, num_new):
-            victim = max((s for s in self.running if s not in batch.sequences), key=lambda s: s.sort_key)
-            if victim.request.params.use_beam_search:
-                self._restart_beam_search(victim, batch)
-            else:
-                self._preempt(victim)
-            if seq.status is not SequenceStatus.RUNNING:
+            victim = max((s for s in self.running if s not in scheduled), key=_sort_key)
+            self._preempt(victim)
+            self.add(victim)
+            if victim is seq:
                 return False
         return True
 
     def _preempt(self, seq: Sequence) -> None:
-        self.running.remove(seq)
+        """Free a running sequence's blocks; the caller queues it again."""
+        del self.running[seq]
         self.block_manager.free(seq)
         self.num_preemptions += 1
-        self.add(seq)
-
-    def _restart_beam_search(self, victim: Sequence, batch: ScheduledBatch) -> None:
-        """Beams advance in lockstep, so a beam search is preempted whole and starts over from its prompt
-        (mostly from the prefix cache), unforked: its first step then starts a fresh search, which, being
-        greedy, finds the same beams again."""
-        request = victim.request
-        for seq in request.sequences:
-            if seq in batch.sequences:
-                index = batch.sequences.index(seq)
-                del batch.sequences[index], batch.num_new_tokens[index]
-            self.finish(seq)
-        first = request.sequences[0]
-        first.token_ids, first.cumulative_logprob = list(request.prompt_token_ids), 0.0
-        request.sequences, request.forked = [first], False
-        self.num_preemptions += 1
-        self.add(first)
 
     def _schedule_waiting(self, batch: ScheduledBatch, budget: int) -> None:
         """Admit waiting sequences in order while budget, seats and blocks last.
 
         A sequence whose next prompt block another sequence is computing right now waits a step:
-        then it finds that block in the prefix cache instead of computing it a second time.
+        then it finds that block in the prefix cache instead of computing it a second time. One that was
+        reported due and preempted before its next token came waits for that token.
         """
         upcoming = self._blocks_being_computed()
+        yielded: list[Sequence] = []  # idle sequences preempted for a waiting one, queued after the loop
+        seats = sum(self._seats(seq) for seq in self.running)
         index = 0
         while index < len(self.waiting) and budget > 0:
             seq = self.waiting[index]
-            if len(self.running) + self._seats(seq) > self.config.max_num_seqs:
-                break
-            self.block_manager.match_prefix(seq)
-            num_new = min(seq.num_uncomputed_tokens, budget)
-            if set(self.block_manager.uncomputed_block_hashes(seq, limit=1)) & upcoming:
-                self.block_manager.free(seq)
+            if seq.num_tokens == seq.num_tokens_reported or self._waits_for_prefix(seq, upcoming):
                 index += 1
                 continue
-            if not self.block_manager.can_grow(seq, num_new):
+            num_new = min(seq.num_uncomputed_tokens, budget)
+            while not (fits := self._fits(seq, num_new, seats)) and (freed := self._yield(batch, yielded)):
+                seats -= freed
+            if not fits:
                 self.block_manager.free(seq)
                 break
-            self.block_manager.grow(seq, num_new)
-            self.waiting.pop(index)
-            seq.status = SequenceStatus.RUNNING
-            self.running.append(seq)
-            batch.sequences.append(seq)
-            batch.num_new_tokens.append(num_new)
+            self._admit(self.waiting.pop(index), num_new, batch)
+            seats += self._seats(seq)
             budget -= num_new
             upcoming.update(self.block_manager.uncomputed_block_hashes(seq))
+        for seq in yielded:
+            self.add(seq)
+
+    def _waits_for_prefix(self, seq: Sequence, upcoming: set[int]) -> bool:
+        """Map the cached prefix of ``seq``; when its next block is among ``upcoming``, let it go again."""
+        self.block_manager.match_prefix(seq)
+        if set(self.block_manager.uncomputed_block_hashes(seq, limit=1)) & upcoming:
+            self.block_manager.free(seq)
+            return True
+        return False
+
+    def _fits(self, seq: Sequence, num_new: int, seats: int) -> bool:
+        has_seats = seats + self._seats(seq) <= self.config.max_num_seqs
+        return has_seats and self.block_manager.can_grow(seq, num_new)
+
+    def _admit(self, seq: Sequence, num_new: int, batch: ScheduledBatch) -> None:
+        self.block_manager.grow(seq, num_new)
+        seq.status = SequenceStatus.RUNNING
+        self.running[seq] = None
+        batch.sequences.append(seq)
+        batch.num_new_tokens.append(num_new)
+
+    def _yield(self, batch: ScheduledBatch, yielded: list[Sequence]) -> int:
+        """When this step runs nothing else, preempt the lowest-priority idle running sequence for a waiting
+        one and return the seats it held (0: none). Idle sequences were reported due and wait for their next
+        token (beams for their siblings); without this, they could hold the pool or the seats forever."""
+        idle = [seq for seq in self.running if seq.num_uncomputed_tokens == 0]
+        if batch.sequences or not idle:
+            return 0
+        victim = max(idle, key=_sort_key)
+        self._preempt(victim)
+        yielded.append(victim)
+        return self._seats(victim)
 
     def _blocks_being_computed(self) -> set[int]:
         if not self.config.enable_prefix_caching:
@@ -158,7 +164,7 @@ class Scheduler:
         return hashes
 
     def _seats(self, seq: Sequence) -> int:
-        """A request not yet forked will need a seat for each of its samples."""
+        """A request not yet forked holds (or will need) a seat for each of its samples."""
         return 1 if seq.request.forked else seq.request.params.num_sequences
 
     # --- after a step ---
@@ -172,20 +178,38 @@ class Scheduler:
             seq.num_computed_tokens += num_new
             self.block_manager.register_full_blocks(seq, before)
             if seq.num_computed_tokens == seq.num_tokens:
+                seq.num_tokens_reported = seq.num_tokens
                 due.append(seq)
         return due
 
     def fork(self, parent: Sequence, child: Sequence) -> None:
-        """Run ``child`` beside ``parent`` on its blocks (a partly filled last one is copied on write)."""
+        """Run ``child`` beside ``parent`` on its blocks (a partly filled last one is copied on write). The
+        child of a preempted parent waits, as its parent does, to be computed from the prefix cache."""
+        if parent.status is SequenceStatus.WAITING:
+            self.add(child)
+            return
         self.block_manager.fork(parent, child)
         child.status = SequenceStatus.RUNNING
-        self.running.append(child)
+        self.running[child] = None
 
     def finish(self, seq: Sequence) -> None:
         """Take a finished or aborted sequence out of the queues and free its blocks at once."""
-        seq.status = SequenceStatus.FINISHED
         if seq in self.running:
-            self.running.remove(seq)
-        elif seq in self.waiting:
-            self.waiting.remove(seq)
+            del self.running[seq]
+        elif seq.status is SequenceStatus.WAITING:
+            self._drop_waiting(seq)
+        seq.status = SequenceStatus.FINISHED
         self.block_manager.free(seq)
+
+    def _drop_waiting(self, seq: Sequence) -> None:
+        """Remove ``seq`` from ``waiting`` if it is there (found by bisection on its sort key)."""
+        index = bisect.bisect_left(self.waiting, seq.sort_key, key=_sort_key)
+        while index < len(self.waiting) and self.waiting[index].sort_key == seq.sort_key:
+            if self.waiting[index] is seq:
+                del self.waiting[index]
+                return
+            index += 1
+
+
+def _sort_key(seq: Sequence) -> tuple[int, int, int]:
+    return seq.sort_key

@@ -13,10 +13,9 @@ from contract.sampling import SamplingParams
 from worker.engine.detokenizer import IncrementalDetokenizer
 from worker.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput, TokenLogprobs
 
-if TYPE_CHECKING:  # beam_search.py runs on sequences, so it imports this module
+if TYPE_CHECKING:
     from concurrent.futures import Future
 
-    from worker.engine.beam_search import BeamSearch
     from worker.engine.grammar import Matcher
 
 
@@ -44,6 +43,7 @@ class Sequence:
     stop_reason: str | int | None = None
     detokenizer: IncrementalDetokenizer | None = None
     num_emitted_tokens: int = 0  # tokens (and their logprobs) already handed out by step()
+    num_tokens_reported: int = 0  # num_tokens when the scheduler last reported it due a token
     # its place in its structured-output constraint; kept through preemption, as its tokens are
     matcher: "Matcher | None" = None
 
@@ -97,7 +97,6 @@ class Request:
     metrics: RequestMetrics = field(default_factory=lambda: RequestMetrics(arrival_time=time.monotonic()))
     sequences: list[Sequence] = field(default_factory=list)
     forked: bool = False  # whether the n samples (or the beams) have been split off the first one
-    beam: "BeamSearch | None" = None  # the search state of a beam-search request
     grammar: "Future[Matcher] | None" = None  # its constraint compiling, until it is scheduled
     compile_deadline: float = 0.0
     error: str | None = None
