@@ -137,6 +137,7 @@ class Job(Base):
     prompt_tokens: Mapped[int] = mapped_column(default=0)
     completion_tokens: Mapped[int] = mapped_column(default=0)
     cached_tokens: Mapped[int] = mapped_column(default=0)
+    engine_ms: Mapped[float] = mapped_column(default=0.0)  # its share of engine steps (worker/engine)
     # The current run's per-token times, appended a chunk per flush; a new run starts with none.
     token_time_chunks: Mapped[list["TokenTimes"]] = relationship(
         primaryjoin="and_(Job.id == foreign(TokenTimes.job_id), Job.attempt == TokenTimes.attempt)",
@@ -179,6 +180,7 @@ FRESH_RESULTS: dict[str, Any] = {
     "error": None,
     "completion_tokens": 0,
     "cached_tokens": 0,
+    "engine_ms": 0.0,
     "started_at": None,
     "first_token_at": None,
 }

@@ -19,6 +19,10 @@ class Usage(BaseModel):
     completion_tokens: int
     cached_tokens: int = Field(description="prompt tokens served from the prefix cache")
     total_tokens: int
+    engine_ms: float = Field(
+        description="engine time it used: its share of every engine step it ran in, a step's wall time split "
+        "over its rows by tokens computed (the current run's; a retried job's earlier runs are not counted)"
+    )
 
 
 class Timings(BaseModel):
@@ -114,6 +118,7 @@ class JobOut(BaseModel):
                 completion_tokens=job.completion_tokens,
                 cached_tokens=job.cached_tokens,
                 total_tokens=job.prompt_tokens + job.completion_tokens,
+                engine_ms=job.engine_ms,
             ),
             timings=Timings.of(job),
             expires_at=job.expires_at,
