@@ -148,6 +148,9 @@ class Job(Base):
 
     queued_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     published_at: Mapped[datetime | None] = mapped_column(UTCDateTime)  # last handed to the broker
+    # When it should be done (its batch's completion_window): among queued jobs of equal aged priority the
+    # earliest deadline is claimed first (worker/fair.py); None: none, claimed after those that have one.
+    deadline_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)  # first scheduled by the engine
     first_token_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
