@@ -11,7 +11,7 @@ Needs wrk (Debian: apt-get install wrk), PostgreSQL and Redis as the tests use t
    ``GET /healthz``, the HTTP floor of this stack.
 2. Queue-to-engine latency: a ``pagedq worker`` on an idle engine; ``--latency-jobs`` jobs with
    ``max_tokens=1`` submitted one at a time (``Prefer: wait``); latency = started_at − queued_at
-   (row committed → first scheduled by the engine), p50 and p99. Baseline: the same request through
+   (row committed → claimed by a worker), p50 and p99. Baseline: the same request through
    ``LLMEngine`` directly (add_request → first scheduled).
 3. Batch accept: a ``--batch-lines`` chat batch file (50,000 lines) through ``POST /v1/files`` and
    ``POST /v1/batches`` while no worker runs: lines/s until the batch is ``in_progress`` (every line

@@ -151,7 +151,7 @@ class Job(Base):
     # When it should be done (its batch's completion_window): among queued jobs of equal aged priority the
     # earliest deadline is claimed first (worker/fair.py); None: none, claimed after those that have one.
     deadline_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
-    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)  # first scheduled by the engine
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)  # claimed by a worker: running from then
     first_token_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     # Deleted once past this and ended (core/retention.py); None: kept, or a batch's job (kept with it).

@@ -82,8 +82,10 @@ class EngineLoop(Generic[E]):
             raise RuntimeError(f"the engine could not be built: {self._error}") from self._error
 
     def stop(self) -> None:
+        """Stops after the step in flight, waiting a second at most: the runs are all let go by now, and a
+        long prefill's step must not hold a stopping worker."""
         self._stopping.set()
-        self._thread.join(timeout=30)
+        self._thread.join(timeout=1.0)
 
     def add(self, flight: Flight) -> None:
         self._commands.put(AddRun(flight))

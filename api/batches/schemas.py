@@ -197,4 +197,4 @@ class Histogram(BaseModel):
 class BatchLatency(BaseModel):
     jobs: int = Field(description="the batch's jobs that have ended")
     e2e_latency: Histogram = Field(description="queued to finished, of succeeded jobs")
-    queue_time: Histogram = Field(description="queued to first scheduled, of every job that started")
+    queue_time: Histogram = Field(description="queued to claimed, of every job that started")

@@ -64,7 +64,7 @@ class FinishedJobs:
         self._since = self._started
         self._seen: dict[str, datetime] = {}  # job id → finished_at, while inside the window
         self._lock = threading.Lock()
-        self.queue_time = _histogram("queue_time", "Queued to first scheduled", LONG_BUCKETS, registry)
+        self.queue_time = _histogram("queue_time", "Queued to claimed by a worker", LONG_BUCKETS, registry)
         self.ttft = _histogram("time_to_first_token", "Scheduled to first token", TTFT_BUCKETS, registry)
         self.itl = _histogram("inter_token_latency", "Between consecutive tokens", ITL_BUCKETS, registry)
         self.e2e = _histogram("e2e_latency", "Queued to succeeded", LONG_BUCKETS, registry)

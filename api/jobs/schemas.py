@@ -27,7 +27,7 @@ class Usage(BaseModel):
 
 class Timings(BaseModel):
     queued_at: datetime
-    started_at: datetime | None = Field(description="first scheduled by the engine")
+    started_at: datetime | None = Field(description="claimed by a worker: running from then")
     first_token_at: datetime | None
     finished_at: datetime | None
     queue_time_ms: float | None = Field(description="started_at − queued_at")
