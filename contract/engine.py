@@ -5,6 +5,11 @@ name and default)."""
 from dataclasses import dataclass
 
 DEFAULT_MODEL = "smollm2-135m-instruct"  # the built-in model (worker/engine/default_model.py)
+DEFAULT_EMBED_MODEL = "all-minilm-l6-v2"  # the built-in embedding model (worker/engine/minilm.py)
+# An embedding step's token budget when none is given (LLM(kind="embed")): no stream waits on an embedding
+# step, and all-MiniLM-L6-v2 on 2,000 texts of 10-250 tokens ran 4096 fastest of 2048/4096/8192 (1.3-1.4x
+# 2048's texts/s; larger steps' activations outgrow the CPU caches). bench/embeddings.py --budgets.
+EMBED_MAX_NUM_BATCHED_TOKENS = 4096
 
 
 @dataclass

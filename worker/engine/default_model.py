@@ -9,22 +9,20 @@ downloads anything from a model hub.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import logging
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
 import time
 import zipfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from contract.engine import DEFAULT_MODEL
+from contract.engine import DEFAULT_EMBED_MODEL, DEFAULT_MODEL
+from worker.engine.minilm import ensure_minilm
+from worker.engine.model_cache import default_cache_dir, file_lock, remove_leftovers
 
 if TYPE_CHECKING:
     import torch
@@ -42,19 +40,13 @@ CARD_SAMPLING = {"do_sample": True, "temperature": 0.2, "top_p": 0.9}
 logger = logging.getLogger("pagedq.engine")
 
 
-def default_cache_dir() -> Path:
-    """``$PAGEDQ_CACHE_DIR``, else ``$XDG_CACHE_HOME/pagedq``, else ``~/.cache/pagedq``."""
-    if env := os.environ.get("PAGEDQ_CACHE_DIR"):
-        return Path(env).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base).expanduser() / "pagedq"
-
-
 def resolve_model(name_or_path: str | os.PathLike[str]) -> Path:
     """Map what a user passes as ``model`` to a local Hugging Face model directory."""
     name = os.fspath(name_or_path)
     if name.strip().lower() == DEFAULT_MODEL:
         return ensure_default_model()
+    if name.strip().lower() == DEFAULT_EMBED_MODEL:
+        return ensure_minilm()
     path = Path(name).expanduser()
     if path.is_dir() and (path / "config.json").is_file():
         return path
@@ -64,8 +56,8 @@ def resolve_model(name_or_path: str | os.PathLike[str]) -> Path:
     raise FileNotFoundError(
         f"model {name!r} {problem}. pagedq never downloads models from a hub (no Hugging Face Hub "
         f"look-up happens); pass either a local Hugging Face model directory (config.json, tokenizer "
-        f"files, *.safetensors weights), e.g. one fetched with `{fetch}`, or the built-in alias "
-        f"{DEFAULT_MODEL!r}."
+        f"files, *.safetensors weights), e.g. one fetched with `{fetch}`, or a built-in alias: "
+        f"{DEFAULT_MODEL!r} (chat) or {DEFAULT_EMBED_MODEL!r} (embeddings)."
     )
 
 
@@ -78,7 +70,7 @@ def ensure_default_model(cache_dir: Path | None = None) -> Path:
         _with_card_sampling(target)  # a directory built before the card's sampling was written there
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    with _file_lock(cache_dir / f"{DEFAULT_MODEL}.lock"):
+    with file_lock(cache_dir / f"{DEFAULT_MODEL}.lock"):
         if _is_complete(target):  # another process finished it while we waited for the lock
             logger.info("default model was built by another process at %s", target)
             return target
@@ -103,23 +95,9 @@ def _is_complete(path: Path) -> bool:
     return all((path / name).is_file() for name in REQUIRED_FILES)
 
 
-@contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
-    with open(path, "a") as fh:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            logger.info("waiting for another process that is building the default model (%s)", path)
-            fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
 def _build(target: Path) -> None:
     """Build the model in a scratch directory next to ``target``, then rename it into place."""
-    _remove_leftovers(target)
+    remove_leftovers(target)
     start = time.monotonic()
     logger.info("building the default model %s into %s (one-time, about a minute)", DEFAULT_MODEL, target)
     with tempfile.TemporaryDirectory(prefix=f".{target.name}.build-", dir=target.parent) as tmp:
@@ -129,14 +107,6 @@ def _build(target: Path) -> None:
         _convert(gguf_path, out)
         os.replace(out, target)
     logger.info("default model ready at %s (%.1fs)", target, time.monotonic() - start)
-
-
-def _remove_leftovers(target: Path) -> None:
-    """Drop an incomplete model directory and scratch directories of builds that crashed (lock held)."""
-    for stale in [target, *target.parent.glob(f".{target.name}.build-*")]:
-        if stale.exists():
-            logger.warning("removing incomplete build %s", stale)
-            shutil.rmtree(stale)
 
 
 def _find_wheel(dest: Path) -> Path:
