@@ -6,10 +6,11 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import update
 
 from api.app import create_app
-from core.models import Job
+from core.models import Job, utcnow
 from core.settings import Settings
 from tests.api.test_keys import (
     BODY,
@@ -78,3 +79,19 @@ def test_usage_is_per_key_model_and_day_and_a_key_sees_only_its_own(
     assert row["model"] == settings.served_model_name
     assert row["prompt_tokens"] > 0 and row["cached_tokens"] == 2
     assert client.get("/v1/usage").status_code == 401
+
+
+def test_metrics_count_ended_jobs_tokens_and_engine_seconds_by_key_name(
+    client: TestClient, db: Database, settings: Settings, admin: str
+) -> None:
+    alice = make_key(db, "alice")
+    for engine_ms in (250.0, 500.0):
+        job = client.post("/v1/jobs", json=BODY, headers=bearer(alice)).json()
+        ended(db, job["id"], utcnow(), engine_ms)
+    for _ in range(2):  # counted once, whichever scrape saw them first
+        families = text_string_to_metric_families(client.get("/metrics", headers=bearer(admin)).text)
+        samples = {
+            (s.name, s.labels.get("key"), s.labels.get("kind")): s.value for f in families for s in f.samples
+        }
+        assert samples[("pagedq_engine_seconds_total", "alice", None)] == 0.75
+        assert samples[("pagedq_tokens_total", "alice", "completion")] == 8
