@@ -689,6 +689,7 @@ def test_openapi_document_is_valid_and_declares_every_response(client: TestClien
         ("/v1/jobs/{job_id}/request", "get"): {"200", "404", "422", "503"},
         ("/v1/batches/{batch_id}/latency", "get"): {"200", "404", "422"},
         ("/v1/overview", "get"): {"200", "503"},
+        ("/v1/usage", "get"): {"200", "422", "503"},
         ("/v1/chat/completions", "post"): {"200", "400", "422"},
         ("/v1/completions", "post"): {"200", "400", "422"},
         ("/v1/models", "get"): {"200"},
