@@ -87,6 +87,10 @@ class JobOut(BaseModel):
     worker_id: str | None = Field(description="the worker that claimed it last")
     usage: Usage
     timings: Timings
+    deadline_at: datetime | None = Field(
+        description="when it is due (its completion_window, or its batch's): the earliest is claimed first "
+        "among equal aged priorities; null: none"
+    )
     expires_at: datetime | None = Field(
         description="when it is deleted, if it has ended by then; null: kept (a batch's job: with its batch)"
     )
@@ -121,6 +125,7 @@ class JobOut(BaseModel):
                 engine_ms=job.engine_ms,
             ),
             timings=Timings.of(job),
+            deadline_at=job.deadline_at,
             expires_at=job.expires_at,
             hint=hint(job),
         )
