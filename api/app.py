@@ -28,6 +28,7 @@ from api.keys import router as admin_keys
 from api.openai import router as openai
 from api.overview import router as overview
 from api.prompts.encoder import PromptEncoder
+from api.usage import router as usage
 from api.webhooks import router as webhooks
 from core import keys
 from core.db import make_db_engine, make_sessionmaker
@@ -85,6 +86,7 @@ def create_app(settings: Settings, model_dir: Path) -> FastAPI:
     app.include_router(health.router)
     app.include_router(admin_keys.router)
     app.include_router(overview.router)
+    app.include_router(usage.router)
     app.mount("/console", StaticFiles(directory=CONSOLE, html=True), name="console")
     app.add_middleware(BodyLimit, settings=settings)
     install_error_handlers(app)

@@ -137,6 +137,7 @@ class Job(Base):
     prompt_tokens: Mapped[int] = mapped_column(default=0)
     completion_tokens: Mapped[int] = mapped_column(default=0)
     cached_tokens: Mapped[int] = mapped_column(default=0)
+    engine_ms: Mapped[float] = mapped_column(default=0.0)  # its share of engine steps (worker/engine)
     # The current run's per-token times, appended a chunk per flush; a new run starts with none.
     token_time_chunks: Mapped[list["TokenTimes"]] = relationship(
         primaryjoin="and_(Job.id == foreign(TokenTimes.job_id), Job.attempt == TokenTimes.attempt)",
@@ -147,6 +148,9 @@ class Job(Base):
 
     queued_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     published_at: Mapped[datetime | None] = mapped_column(UTCDateTime)  # last handed to the broker
+    # When it should be done (its batch's completion_window): among queued jobs of equal aged priority the
+    # earliest deadline is claimed first (worker/fair.py); None: none, claimed after those that have one.
+    deadline_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)  # claimed by a worker: running from then
     first_token_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
@@ -179,6 +183,7 @@ FRESH_RESULTS: dict[str, Any] = {
     "error": None,
     "completion_tokens": 0,
     "cached_tokens": 0,
+    "engine_ms": 0.0,
     "started_at": None,
     "first_token_at": None,
 }

@@ -20,6 +20,7 @@ from pydantic import (
     Strict,
     ValidationError,
     create_model,
+    field_validator,
     model_validator,
 )
 from pydantic_core import InitErrorDetails, PydanticCustomError
@@ -27,6 +28,7 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 from contract import sampling, sampling_defaults
 from contract.sampling import ContractError, SamplingParams
 from core.webhooks import JobEvent
+from core.windows import MAX_WINDOW_HOURS, checked_window
 
 LONE_SURROGATE = re.compile("[\ud800-\udfff]")  # JSON may escape one ("\\ud800"); UTF-8 cannot encode it
 
@@ -126,6 +128,16 @@ class JobSpec(SamplingSpec):
     webhook_events: list[JobEvent] | None = Field(
         None, max_length=3, description="the events webhook_url receives; default: all job events"
     )
+    completion_window: str | None = Field(
+        None,
+        description=f"`<N>h`, 1 ≤ N ≤ {MAX_WINDOW_HOURS}: the job's deadline; among queued jobs of equal "
+        "aged priority and owner the earliest deadline is claimed first (it never cancels the job)",
+    )
+
+    @field_validator("completion_window")
+    @classmethod
+    def _hours(cls, window: str | None) -> str | None:
+        return None if window is None else checked_window(window)
 
     @model_validator(mode="after")
     def _exactly_one_input(self) -> Self:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
 from core.states import JobStatus
+from core.timings import ms
 from worker.engine import EngineStats, RequestOutput, SamplingParams
 from worker.flights import Flight, Flights
 from worker.streamer import TokenStreamer
@@ -178,4 +179,5 @@ class EngineLoop(Generic[E]):
             "num_preemptions": stats.num_preemptions,
             "num_generated_tokens": stats.num_generated_tokens,
             "peak_running": self._peak_running,
+            "busy_ms": ms(stats.busy_time * 1000),  # what its jobs' usage.engine_ms add up to
         }

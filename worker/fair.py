@@ -7,7 +7,8 @@ Best first:
 2. Its key's jobs running now on this model, fewest first: a free seat goes to the key that holds the
    fewest, so keys with work waiting share the seats evenly whatever their backlogs (NULL, auth off, is
    one more key).
-3. ``queued_at``, then id: first come, first served.
+3. ``deadline_at`` (a batch's completion_window), earliest first; a job without one after those with one.
+4. ``queued_at``, then id: first come, first served.
 """
 
 from sqlalchemy import Integer, case, cast, extract, literal
@@ -25,4 +26,4 @@ def fair_order(running: dict[str | None, int], aging: float) -> list[ColumnEleme
             *((Job.key_id.is_(None) if key is None else Job.key_id == key, n) for key, n in running.items()),
             else_=0,
         )
-    return [Job.priority + aged, held, Job.queued_at, Job.id]
+    return [Job.priority + aged, held, Job.deadline_at.asc().nulls_last(), Job.queued_at, Job.id]

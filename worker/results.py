@@ -37,6 +37,7 @@ class JobResult:
     top_logprobs: int | None = None  # how many alternatives per token the job asked for; None: no logprobs
     choices: list[Choice] = field(default_factory=lambda: [Choice()])
     cached_tokens: int = 0
+    engine_ms: float = 0.0  # its share of the engine steps it took part in
     started: float | None = None  # monotonic: when claimed (running from then), else first scheduled
     first_token: float | None = None
     token_times_ms: list[float] = field(default_factory=list)  # since started
@@ -53,6 +54,7 @@ class JobResult:
             self._fold_sample(self.choices[sample.index], sample, token_text)
         self.cached_tokens = output.num_cached_tokens
         metrics = output.metrics
+        self.engine_ms = ms(metrics.engine_time * 1000)
         if self.started is None:
             self.started = metrics.first_scheduled_time
         self.first_token = metrics.first_token_time
@@ -95,6 +97,7 @@ class JobResult:
             choices=[choice.stored() for choice in self.choices] if len(self.choices) > 1 else None,
             token_logprobs=[list(choice.logprobs) for choice in self.choices] if logprobs else None,
             cached_tokens=self.cached_tokens,
+            engine_ms=self.engine_ms,
             token_times_ms=self.token_times_ms[self.times_written :],
             token_times_from=self.times_written,
             started_at=clock.wall(self.started),

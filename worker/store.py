@@ -48,6 +48,7 @@ class Progress:
     output_text: str = ""
     completion_tokens: int = 0
     cached_tokens: int = 0
+    engine_ms: float = 0.0
     token_times_ms: list[float] = field(default_factory=list)
     token_times_from: int = 0
     choices: list[dict[str, Any]] | None = None  # every sample when a job asked for more than one
@@ -65,6 +66,7 @@ class Progress:
             "token_logprobs": self.token_logprobs,
             "completion_tokens": self.completion_tokens,
             "cached_tokens": self.cached_tokens,
+            "engine_ms": self.engine_ms,
             "started_at": self.started_at,
             "first_token_at": self.first_token_at,
         }

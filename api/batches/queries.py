@@ -139,6 +139,7 @@ def _shared_by_jobs(batch: Batch) -> dict[str, Any]:
         "endpoint": batch.endpoint,
         "queued_at": batch.created_at,
         "published_at": batch.created_at,
+        "deadline_at": batch.expires_at,  # its completion_window: the earliest runs first among equals
     } | FRESH
 
 

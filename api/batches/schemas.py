@@ -5,7 +5,6 @@ Times are Unix seconds. pagedq's extensions: a batch's ``priority``, ``webhook_u
 (the SDK sends them through ``extra_body``), and ``usage`` counting tokens while the batch runs.
 """
 
-import re
 from datetime import timedelta
 from typing import Literal
 
@@ -17,8 +16,7 @@ from core.batches import Tally
 from core.models import Batch
 from core.spec import Metadata, Text
 from core.webhooks import BatchEvent
-
-MAX_WINDOW_HOURS = 168
+from core.windows import MAX_WINDOW_HOURS, checked_window, window_length
 
 
 class BatchDeleted(BaseModel):
@@ -61,16 +59,11 @@ class BatchIn(BaseModel):
     @field_validator("completion_window")
     @classmethod
     def _hours(cls, window: str) -> str:
-        match = re.fullmatch(r"([1-9][0-9]*)h", window)
-        if match is None or int(match.group(1)) > MAX_WINDOW_HOURS:
-            raise ValueError(
-                f"completion_window must be '<N>h' with 1 <= N <= {MAX_WINDOW_HOURS}, e.g. '24h'"
-            )
-        return window
+        return checked_window(window)
 
     @property
     def window(self) -> timedelta:
-        return timedelta(hours=int(self.completion_window.removesuffix("h")))
+        return window_length(self.completion_window)
 
 
 class BatchError(BaseModel):

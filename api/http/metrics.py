@@ -1,5 +1,6 @@
 """``GET /metrics``: job counts, queue depth and engine gauges read live at each scrape, and latency
-histograms of the jobs that finished since this API process started.
+histograms and counters (tokens and engine seconds by key name and model) of the jobs that finished since
+this API process started.
 
 The histograms are cumulative Prometheus histograms fed at scrape time: each scrape reads the jobs whose
 ``finished_at`` is at most ``LOOKBACK`` older than the previous scrape (a worker's row can commit a while
@@ -17,13 +18,13 @@ from collections.abc import Iterator, Sequence
 from datetime import datetime, timedelta
 
 from celery import Celery
-from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from sqlalchemy import ColumnElement, func, select
 from sqlalchemy.orm import Session, load_only, sessionmaker
 
-from core.models import Job, Worker, utcnow
+from core.models import ApiKey, Job, Worker, utcnow
 from core.queue import queue_depth
 from core.states import JobStatus
 from core.timings import timings
@@ -68,13 +69,23 @@ class FinishedJobs:
         self.ttft = _histogram("time_to_first_token", "Scheduled to first token", TTFT_BUCKETS, registry)
         self.itl = _histogram("inter_token_latency", "Between consecutive tokens", ITL_BUCKETS, registry)
         self.e2e = _histogram("e2e_latency", "Queued to succeeded", LONG_BUCKETS, registry)
+        by_key = ["key", "model"]  # the key's name; "none" for jobs submitted without one (auth off)
+        self.tokens = Counter(
+            "pagedq_tokens", "Tokens of ended jobs", [*by_key, "kind"], registry=registry
+        )  # kind: prompt, cached (of the prompt), completion
+        self.engine_seconds = Counter(
+            "pagedq_engine_seconds", "Engine time of ended jobs (usage.engine_ms)", by_key, registry=registry
+        )
 
     def observe_new(self) -> None:
         with self._lock:
             now = utcnow()
             new = self._unseen_ids()
-            for job in self._load(new):
+            jobs = self._load(new)
+            names = self._key_names({job.key_id for job in jobs if job.key_id is not None})
+            for job in jobs:
                 self._observe(job)
+                self._count(job, names.get(job.key_id, "none"))
                 self._seen[job.id] = job.finished_at or now
             self._since = max(self._started, now - LOOKBACK)
             self._seen = {job_id: at for job_id, at in self._seen.items() if at >= self._since}
@@ -92,10 +103,31 @@ class FinishedJobs:
             Job.started_at,
             Job.first_token_at,
             Job.finished_at,
+            Job.key_id,
+            Job.model,
+            Job.prompt_tokens,
+            Job.cached_tokens,
+            Job.completion_tokens,
+            Job.engine_ms,
         )
         with self._sessions() as session:
             query = select(Job).options(load_only(*columns)).where(Job.id.in_(job_ids))
             return session.scalars(query).all() if job_ids else []
+
+    def _key_names(self, key_ids: set[str]) -> dict[str | None, str]:
+        if not key_ids:
+            return {}
+        with self._sessions() as session:
+            return dict(session.execute(select(ApiKey.id, ApiKey.name).where(ApiKey.id.in_(key_ids))).all())
+
+    def _count(self, job: Job, key: str) -> None:
+        for kind, tokens in (
+            ("prompt", job.prompt_tokens),
+            ("cached", job.cached_tokens),
+            ("completion", job.completion_tokens),
+        ):
+            self.tokens.labels(key, job.model, kind).inc(tokens)
+        self.engine_seconds.labels(key, job.model).inc(job.engine_ms / 1000)
 
     def _observe(self, job: Job) -> None:
         figures = timings(job)

@@ -26,6 +26,7 @@ from core.webhooks import (
     publish_deliveries,
     record_event,
 )
+from core.windows import window_length
 
 logger = logging.getLogger(__name__)
 
@@ -122,6 +123,7 @@ def _new_job(
         queued_at=now,
         published_at=now,
         expires_at=deadline(now, service.settings),
+        deadline_at=now + window_length(spec.completion_window) if spec.completion_window else None,
     )
 
 

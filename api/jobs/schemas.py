@@ -19,6 +19,10 @@ class Usage(BaseModel):
     completion_tokens: int
     cached_tokens: int = Field(description="prompt tokens served from the prefix cache")
     total_tokens: int
+    engine_ms: float = Field(
+        description="engine time it used: its share of every engine step it ran in, a step's wall time split "
+        "over its rows by tokens computed (the current run's; a retried job's earlier runs are not counted)"
+    )
 
 
 class Timings(BaseModel):
@@ -83,6 +87,10 @@ class JobOut(BaseModel):
     worker_id: str | None = Field(description="the worker that claimed it last")
     usage: Usage
     timings: Timings
+    deadline_at: datetime | None = Field(
+        description="when it is due (its completion_window, or its batch's): the earliest is claimed first "
+        "among equal aged priorities; null: none"
+    )
     expires_at: datetime | None = Field(
         description="when it is deleted, if it has ended by then; null: kept (a batch's job: with its batch)"
     )
@@ -114,8 +122,10 @@ class JobOut(BaseModel):
                 completion_tokens=job.completion_tokens,
                 cached_tokens=job.cached_tokens,
                 total_tokens=job.prompt_tokens + job.completion_tokens,
+                engine_ms=job.engine_ms,
             ),
             timings=Timings.of(job),
+            deadline_at=job.deadline_at,
             expires_at=job.expires_at,
             hint=hint(job),
         )

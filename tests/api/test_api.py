@@ -606,6 +606,9 @@ def test_metrics_count_jobs_and_observe_finished_ones_once(
         first_token_at=now - timedelta(seconds=1.3),
         finished_at=now,
         token_times_ms=[200.0, 230.0, 270.0, 1300.0],
+        completion_tokens=4,
+        cached_tokens=2,
+        engine_ms=1250.0,
     )
     with db() as session:
         stats = {"num_running": 1, "num_waiting": 2, "kv_cache_usage": 0.25, "tokens_per_s": 40.5}
@@ -631,6 +634,10 @@ def test_metrics_count_jobs_and_observe_finished_ones_once(
         assert samples[("pagedq_e2e_latency_seconds_sum", ())] == pytest.approx(2.0)
         assert samples[("pagedq_inter_token_latency_seconds_count", ())] == 3
         assert samples[("pagedq_inter_token_latency_seconds_bucket", (("le", "0.04"),))] == 2
+        by_key = (("key", "none"), ("model", service_settings.served_model_name))  # auth off: no key
+        assert samples[("pagedq_engine_seconds_total", by_key)] == pytest.approx(1.25)
+        assert samples[("pagedq_tokens_total", (("key", "none"), ("kind", "cached"), by_key[1]))] == 2
+        assert samples[("pagedq_tokens_total", (("key", "none"), ("kind", "completion"), by_key[1]))] == 4
 
 
 def test_metrics_ignore_jobs_finished_before_the_api_started(
@@ -682,6 +689,7 @@ def test_openapi_document_is_valid_and_declares_every_response(client: TestClien
         ("/v1/jobs/{job_id}/request", "get"): {"200", "404", "422", "503"},
         ("/v1/batches/{batch_id}/latency", "get"): {"200", "404", "422"},
         ("/v1/overview", "get"): {"200", "503"},
+        ("/v1/usage", "get"): {"200", "422", "503"},
         ("/v1/chat/completions", "post"): {"200", "400", "422"},
         ("/v1/completions", "post"): {"200", "400", "422"},
         ("/v1/models", "get"): {"200"},

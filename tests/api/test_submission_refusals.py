@@ -3,6 +3,7 @@ job is made: numbers sent as strings or booleans, constraints that match no text
 constraint, and a beam search wider than a step. Against the real PostgreSQL and Redis."""
 
 from collections.abc import Iterator
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,8 @@ def jobs(db: Database) -> int:
         ({"use_beam_search": True, "n": 6, "temperature": 0}, ["body", "n"], "max_num_batched_tokens"),
         ({"use_beam_search": True, "n": 2, "best_of": 5, "temperature": 0}, ["body", "best_of"], "at most 4"),
         ({"n": 9}, ["body", "n"], "max_num_seqs"),
+        ({"completion_window": "0h"}, ["body", "completion_window"], "'<N>h' with 1 <= N <= 168"),
+        ({"completion_window": "24 hours"}, ["body", "completion_window"], "'<N>h' with 1 <= N <= 168"),
     ],
 )
 def test_a_request_that_cannot_be_served_as_asked_is_a_422_naming_its_field(
@@ -78,3 +81,10 @@ def test_openai_routes_refuse_them_with_a_400(client: TestClient, body: dict[str
     response = client.post("/v1/completions", json={**PROMPT, **body})
     assert response.status_code == 400, response.text
     assert response.json()["error"]["param"] == param
+
+
+def test_a_jobs_completion_window_is_its_deadline(client: TestClient) -> None:
+    job = client.post("/v1/jobs", json={**PROMPT, "completion_window": "2h"}).json()
+    due = datetime.fromisoformat(job["deadline_at"]) - datetime.fromisoformat(job["timings"]["queued_at"])
+    assert due == timedelta(hours=2)
+    assert client.post("/v1/jobs", json=PROMPT).json()["deadline_at"] is None

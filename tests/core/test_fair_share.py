@@ -9,7 +9,7 @@ the worker claimed them in is the order of ``started_at``.
 import json
 import uuid
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -55,7 +55,7 @@ def job(client, i: int, **body: object) -> str:
     return submit(client, prompt=f"The quick brown fox {i} jumps over", max_tokens=8, ignore_eos=True, **body)
 
 
-def batch(client, size: int) -> tuple[str, int]:
+def batch(client, size: int, window: str = "1h") -> tuple[str, int]:
     lines = [
         {
             "custom_id": f"l{i}",
@@ -70,9 +70,14 @@ def batch(client, size: int) -> tuple[str, int]:
         files={"file": ("in.jsonl", "".join(json.dumps(line) + "\n" for line in lines))},
         data={"purpose": "batch"},
     )
-    body = {"input_file_id": upload.json()["id"], "endpoint": "/v1/completions", "completion_window": "1h"}
+    body = {"input_file_id": upload.json()["id"], "endpoint": "/v1/completions", "completion_window": window}
     created = client.post("/v1/batches", json=body).json()
     return created["id"], created["priority"]
+
+
+def lines_of(db, batch_id: str) -> list[str]:
+    with db.sessions() as session:
+        return list(session.scalars(select(Job.id).where(Job.batch_id == batch_id).order_by(Job.id)))
 
 
 def test_online_first_keys_in_turn_and_aging(service_settings, db, workers, tmp_path):
@@ -81,8 +86,7 @@ def test_online_first_keys_in_turn_and_aging(service_settings, db, workers, tmp_
     with api_client(service_settings) as client:
         aged = job(client, 0, priority=100)
         batch_id, priority = batch(client, 10)
-        with db.sessions() as session:
-            a = list(session.scalars(select(Job.id).where(Job.batch_id == batch_id).order_by(Job.id)))
+        a = lines_of(db, batch_id)
         b = [job(client, i, priority=priority) for i in range(1, 9)]
         online = job(client, 9)
         fresh = job(client, 10, priority=100)
@@ -99,3 +103,28 @@ def test_online_first_keys_in_turn_and_aging(service_settings, db, workers, tmp_
     assert set(started[:SEATS]) == {"aged", "online"} and started[-1] == "fresh", " ".join(started)
     # Arrival order would run A's ten before any of B's; sharing the seats, B takes every other free one.
     assert started[SEATS : SEATS + 8].count("B") >= 3, " ".join(started)
+
+
+def test_earliest_deadline_first_among_equal_aged_priorities(service_settings, db, workers, tmp_path):
+    """Key A's 24-hour batch, then its 1-hour batch, queued in one aging step; key B's jobs of the same
+    priority and no deadline; an online job and an old, aged one of the worst priority."""
+    with api_client(service_settings) as client:
+        aged = job(client, 0, priority=100)
+        late = lines_of(db, batch(client, 4, window="24h")[0])
+        soon_id, priority = batch(client, 4, window="1h")
+        soon = lines_of(db, soon_id)
+        b = [job(client, i, priority=priority) for i in range(1, 7)]
+        online = job(client, 9)
+    step = service_settings.fair_aging_seconds
+    start = (int(utcnow().timestamp() // step) - 2) * step  # one aging step, so equal aged priorities
+    moment = datetime.fromtimestamp(start, UTC)
+    tag(db, late, key_id=(a_key := owner(db, "a")), queued_at=moment)
+    tag(db, soon, key_id=a_key, queued_at=moment + timedelta(seconds=1))  # after late: FIFO would run late
+    tag(db, b, key_id=owner(db, "b"), queued_at=moment + timedelta(seconds=2))
+    tag(db, [aged], queued_at=utcnow() - timedelta(hours=2))
+    order = run_all(service_settings, db, workers, tmp_path, [aged, *late, *soon, *b, online])
+    names = {aged: "aged", online: "online"} | dict.fromkeys(late, "late") | dict.fromkeys(soon, "soon")
+    started = [names.get(job_id, "B") for job_id in order]
+    assert set(started[:SEATS]) == {"aged", "online"}, " ".join(started)  # priority and aging first
+    assert [n for n in started if n in ("soon", "late")] == ["soon"] * 4 + ["late"] * 4, " ".join(started)
+    assert started[SEATS : SEATS + 8].count("B") >= 3, " ".join(started)  # B still shares the seats

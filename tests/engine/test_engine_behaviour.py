@@ -171,3 +171,20 @@ def test_logprobs_and_their_sum_only_when_asked_for(llm: LLM, engine: LLMEngine)
     assert all(lp < 0 for lp in chosen)
     assert with_lp.cumulative_logprob == pytest.approx(sum(chosen), abs=1e-4)
     assert all(len(step) in (2, 3) for step in with_lp.logprobs)  # the top 2, plus the token if outside them
+
+
+def test_engine_time_splits_each_step_over_its_requests_by_tokens(engine: LLMEngine) -> None:
+    busy_before = engine.stats().busy_time
+    long_prompt = " ".join(["Paged attention stores keys and values in blocks."] * 12)
+    engine.add_request("long", long_prompt, SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
+    engine.add_request("short", "Hello", SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
+    engine.add_request("fan", "The quick brown fox", SamplingParams(n=2, max_tokens=6, ignore_eos=True))
+    engine.add_request("doomed", "Continuous batching", SamplingParams(max_tokens=50))
+    first = engine.step()
+    engine.abort("doomed")
+    results = drain(engine, first)
+    spent = {request_id: out.metrics.engine_time for request_id, out in results.items()}
+    busy = engine.stats().busy_time - busy_before
+    assert busy > 0 and sum(spent.values()) == pytest.approx(busy, rel=1e-9)
+    # the first step computed every prompt: the long one (~120 tokens) was charged most of it
+    assert spent["long"] > spent["short"] and spent["doomed"] > 0

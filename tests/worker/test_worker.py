@@ -11,7 +11,7 @@ import pytest
 import redis
 from sqlalchemy import select
 
-from core.models import WebhookDelivery, storable
+from core.models import WebhookDelivery, Worker, storable
 from core.queue import queue_name
 from core.settings import Settings
 from tests.support.jobs_client import Database, api_client, start_worker, submit
@@ -258,3 +258,25 @@ def test_heartbeat_period_follows_the_timeout_unless_set(monkeypatch: pytest.Mon
     monkeypatch.setenv("PAGEDQ_HEARTBEAT_INTERVAL", "12")
     with pytest.raises(ValueError, match="must be shorter than PAGEDQ_HEARTBEAT_TIMEOUT"):
         Settings()
+
+
+def test_jobs_engine_ms_add_up_to_the_workers_busy_time(service_settings, db, workers, tmp_path):
+    worker = spawn(service_settings, db, workers, tmp_path, heartbeat_interval=0.5)
+    with api_client(service_settings) as client, ThreadPoolExecutor(8) as pool:
+        ids = list(pool.map(lambda i: submit_greedy(client, PROMPTS[i] * (1 + i % 5), 4 + 3 * i), range(12)))
+        jobs = db.wait_until(ids, {"succeeded"}, timeout=180)
+        usage = [client.get(f"/v1/jobs/{job_id}").json()["usage"] for job_id in ids]
+
+    last_end = max(job.finished_at for job in jobs)
+
+    def settled() -> dict[str, float] | None:  # a heartbeat after the last job ended: its busy time is final
+        with db.sessions() as session:
+            beat = session.scalars(select(Worker).where(Worker.id.endswith(f":{worker.popen.pid}"))).one()
+            return beat.stats if beat.heartbeat_at > last_end and beat.stats["num_running"] == 0 else None
+
+    stats = wait_for(settled, 30, "a heartbeat of the idle engine")
+    assert [u["engine_ms"] for u in usage] == [job.engine_ms for job in jobs]
+    assert all(job.engine_ms > 0 for job in jobs)
+    assert sum(job.engine_ms for job in jobs) == pytest.approx(stats["busy_ms"], rel=0.02)
+    # the job that computed the most tokens (longest prompt and output) used more than the least one
+    assert jobs[-1].engine_ms > jobs[0].engine_ms

@@ -20,7 +20,7 @@ from worker.engine.model.model_config import ModelConfig
 from worker.engine.model_runner import ModelRunner
 from worker.engine.outputs import RequestOutput
 from worker.engine.sampler import Sampler, SamplingRow
-from worker.engine.scheduler import Scheduler
+from worker.engine.scheduler import ScheduledBatch, Scheduler
 from worker.engine.sequence import Request, Sequence, by_request
 
 logger = logging.getLogger("pagedq.engine")
@@ -33,6 +33,7 @@ class EngineStats:
     kv_cache_usage: float  # fraction of blocks in use
     num_preemptions: int
     num_generated_tokens: int  # since the engine started
+    busy_time: float = 0.0  # seconds spent in steps that ran the model, since the engine started
 
 
 @dataclass
@@ -42,6 +43,7 @@ class LLMEngine:
     finished_outside_step: list[RequestOutput] = field(default_factory=list)  # aborts
     compiling: list[Request] = field(default_factory=list)  # waiting for their constraint to compile
     num_generated_tokens: int = 0
+    busy_time: float = 0.0  # the sum of the steps' wall times; the requests' engine_time add up to it
 
     def __post_init__(self) -> None:
         path = resolve_model(self.config.model, gguf=self.config.quantization == "gguf")
@@ -159,6 +161,7 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         outputs, self.finished_outside_step = self.finished_outside_step, []
         outputs += self._admit_compiled()
+        started = time.monotonic()
         batch = self.scheduler.schedule()
         if not batch.sequences:
             return outputs
@@ -174,10 +177,25 @@ class LLMEngine:
         )
         self.num_generated_tokens += len(beams) + len(rows)
         new = self.beam_searcher.step(beams, logits) + self._sample(rows, logits)
+        self._charge(batch, new, time.monotonic() - started)
         for output in new:
             if output.finished:
                 self.requests.pop(output.request_id, None)  # a failed one is gone already
         return outputs + new
+
+    def _charge(self, batch: ScheduledBatch, new: list[RequestOutput], wall: float) -> None:
+        """Split a step's wall time over its requests by the tokens each computed, and stamp the total so
+        far on this step's outputs (made before the step's time was known)."""
+        self.busy_time += wall
+        tokens: dict[Request, int] = {}
+        for seq, num_new in zip(batch.sequences, batch.num_new_tokens, strict=True):
+            tokens[seq.request] = tokens.get(seq.request, 0) + num_new
+        total = sum(tokens.values()) or 1
+        for request, count in tokens.items():
+            request.metrics.engine_time += wall * count / total
+        charged = {request.request_id: request.metrics.engine_time for request in tokens}
+        for output in new:
+            output.metrics.engine_time = charged.get(output.request_id, output.metrics.engine_time)
 
     def _admit_compiled(self) -> list[RequestOutput]:
         """Schedule the requests whose constraint has compiled; fail those whose constraint failed or
@@ -303,4 +321,5 @@ class LLMEngine:
             kv_cache_usage=self.scheduler.kv_cache_usage,
             num_preemptions=self.scheduler.num_preemptions,
             num_generated_tokens=self.num_generated_tokens,
+            busy_time=self.busy_time,
         )

@@ -42,6 +42,9 @@ class RequestMetrics:
     first_token_time: float | None = None
     finished_time: float | None = None
     token_times: list[float] = field(default_factory=list)  # one per token of the first sample (or beam step)
+    # Seconds of engine steps charged to it so far: each step's wall time is split over its rows by the
+    # tokens each computed (a prompt chunk of 500 tokens costs 500 times a decode token). Cumulative.
+    engine_time: float = 0.0
 
     def record_token(self, now: float) -> None:
         if self.first_token_time is None:
