@@ -59,6 +59,7 @@ class RequestOutput:
     metrics: RequestMetrics
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
     error: str | None = None  # why the request failed (a constraint that did not compile); finished
+    seed: int | None = None  # the request's sampling seed (its own, or the one the engine chose): replays it
 
     def extend(self, delta: "RequestOutput") -> None:
         """Fold an incremental output from ``LLMEngine.step`` into this accumulated one."""
@@ -74,3 +75,4 @@ class RequestOutput:
         self.metrics = replace(delta.metrics, token_times=self.metrics.token_times)
         self.num_cached_tokens = delta.num_cached_tokens
         self.error = delta.error
+        self.seed = delta.seed

@@ -30,8 +30,10 @@ def load_model(
     load_format: str,
     quantization: str = "none",
     seed: int = 0,
+    batch_invariant: bool = False,
 ) -> LlamaForCausalLM:
-    """The model, filled and with its linears packed for the device (``cpu_linears.pack_linears``)."""
+    """The model, filled and with its linears packed for the device (``cpu_linears.pack_linears``); its
+    ``batch_invariant`` says whether they came out batch-invariant."""
     default_dtype = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
@@ -44,7 +46,7 @@ def load_model(
         fill_random(model, seed)
     else:
         fill_from_safetensors(model, config)
-    pack_linears(model, quantization, device)
+    model.batch_invariant = pack_linears(model, quantization, device, batch_invariant)
     return model.eval().requires_grad_(False)
 
 
