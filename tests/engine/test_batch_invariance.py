@@ -39,6 +39,19 @@ def record_logits(engine: LLMEngine) -> Logits:
     return seen
 
 
+def record_preemptions(engine: LLMEngine) -> list[str]:
+    """The request ids of the sequences the scheduler preempts from now on."""
+    preempted: list[str] = []
+    preempt = engine.scheduler._preempt
+
+    def recording(seq: Sequence) -> None:
+        preempted.append(seq.request.request_id)
+        preempt(seq)
+
+    engine.scheduler._preempt = recording  # type: ignore[method-assign]
+    return preempted
+
+
 def others(count: int) -> Iterator[tuple[list[int], SamplingParams]]:
     """Requests of other lengths and parameters to share the target's steps."""
     for i in range(count):
@@ -106,14 +119,7 @@ def test_preempted_and_recomputed_request_is_the_same(tiny_llama: Path, alone: t
     llm = LLM(str(tiny_llama), block_size=16)
     per_block = llm.engine.runner.kv_cache_bytes // llm.engine.runner.num_blocks
     llm = LLM(str(tiny_llama), block_size=16, kv_cache_bytes=12 * per_block)
-    preempted: list[str] = []
-    engine_preempt = llm.engine.scheduler._preempt
-
-    def recording(seq: Sequence) -> None:
-        preempted.append(seq.request.request_id)
-        engine_preempt(seq)
-
-    llm.engine.scheduler._preempt = recording  # type: ignore[method-assign]
+    preempted = record_preemptions(llm.engine)
     tokens, logits, _ = run(llm, 0, 5, priority=1)
     assert set(TARGETS) & set(preempted), preempted
     assert_same(alone, tokens, logits)
@@ -128,3 +134,17 @@ def test_an_unseeded_request_reports_the_seed_that_replays_it(tiny_llama: Path) 
         PROMPT, SamplingParams(temperature=1.0, max_tokens=16, ignore_eos=True, seed=first.seed)
     )
     assert replay.seed == first.seed and replay.outputs[0].token_ids == first.outputs[0].token_ids
+
+
+@pytest.mark.slow
+def test_the_default_model_is_the_same_alone_and_in_a_busy_engine() -> None:
+    """SmolLM2-135M, whose 1536-wide down projection is where oneDNN's blocking changes with the row count:
+    alone with one seat, then batched, chunked 32 tokens a step and preempted (a 10-block pool)."""
+    alone = LLM(max_num_seqs=1, kv_cache_bytes=64 << 20)
+    tokens, logits, _ = run(alone)
+    per_block = alone.engine.runner.kv_cache_bytes // alone.engine.runner.num_blocks
+    busy = LLM(kv_cache_bytes=10 * per_block, max_num_batched_tokens=32)
+    preempted = record_preemptions(busy.engine)
+    crowd_tokens, crowd_logits, _ = run(busy, 0, 5, priority=1)
+    assert set(TARGETS) & set(preempted), preempted
+    assert_same((tokens, logits), crowd_tokens, crowd_logits)
