@@ -8,19 +8,27 @@ from fastapi import Depends, FastAPI
 from fastapi.staticfiles import StaticFiles
 from starlette.concurrency import run_in_threadpool
 
-from api.auth import current_caller
-from api.batch_check import BatchChecker
-from api.body_limit import BodyLimit
-from api.bulk_publisher import BulkPublisher
+from api.batches import router as batches
+from api.batches.bulk_publisher import BulkPublisher
+from api.batches.check import BatchChecker
 from api.deps import Service, same_origin, storable_url
-from api.errors import install_error_handlers
-from api.limits import KeyLimiter
-from api.live import LiveStreams
-from api.metrics import Metrics
-from api.prompts import PromptEncoder
-from api.routes import admin_keys, batches, files, generate, health, jobs, openai, overview, webhooks
-from api.submitter import Submitter
-from api.waiting import JobWaiter
+from api.files import router as files
+from api.generate import router as generate
+from api.health import router as health
+from api.http.auth import current_caller
+from api.http.body_limit import BodyLimit
+from api.http.errors import install_error_handlers
+from api.http.limits import KeyLimiter
+from api.http.metrics import Metrics
+from api.jobs import router as jobs
+from api.jobs.live import LiveStreams
+from api.jobs.submitter import Submitter
+from api.jobs.waiting import JobWaiter
+from api.keys import router as admin_keys
+from api.openai import router as openai
+from api.overview import router as overview
+from api.prompts.encoder import PromptEncoder
+from api.webhooks import router as webhooks
 from core import keys
 from core.db import make_db_engine, make_sessionmaker
 from core.purge import Purger
@@ -88,14 +96,14 @@ def build_service(settings: Settings, model_dir: Path) -> Service:
     sessions = make_sessionmaker(engine)
     celery = make_celery(settings)
     queue = queue_name(settings.served_model_name)
-    prompts = PromptEncoder(model_dir, settings.max_model_len)
+    prompts = PromptEncoder(model_dir, settings.engine_config())
     return Service(
         settings=settings,
         db_engine=engine,
         sessions=sessions,
         celery=celery,
         prompts=prompts,
-        batch_checker=BatchChecker(prompts, model_dir, settings.max_model_len, settings.batch_processes),
+        batch_checker=BatchChecker(prompts, model_dir, prompts.engine, settings.batch_processes),
         waiter=JobWaiter(sessions),
         submitter=Submitter(sessions, celery, queue),
         live=LiveStreams(url) if (url := streams_url(settings)) else None,

@@ -9,15 +9,15 @@ from fastapi import Depends, Request
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from api.batch_check import BatchChecker
-from api.bulk_publisher import BulkPublisher
-from api.limits import KeyLimiter
-from api.live import LiveStreams
-from api.metrics import Metrics
-from api.problems import Forbidden, Invalid
-from api.prompts import PromptEncoder
-from api.submitter import Submitter
-from api.waiting import JobWaiter
+from api.batches.bulk_publisher import BulkPublisher
+from api.batches.check import BatchChecker
+from api.http.limits import KeyLimiter
+from api.http.metrics import Metrics
+from api.http.problems import Forbidden, Invalid
+from api.jobs.live import LiveStreams
+from api.jobs.submitter import Submitter
+from api.jobs.waiting import JobWaiter
+from api.prompts.encoder import PromptEncoder
 from core.purge import Purger
 from core.queue import queue_name
 from core.settings import Settings

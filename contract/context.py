@@ -1,6 +1,7 @@
-"""The context rule: how many tokens a request may span (prompt + output), and whether one fits.
+"""The context rule: how many tokens a request may span (prompt + output), and whether one fits; and the
+step rule: whether the engine can ever schedule a request's sequences.
 
-The API checks a prompt at submission and the engine again at ``add_request``, both with these.
+The API checks a request at submission and the engine again at ``add_request``, both with these.
 """
 
 from collections.abc import Mapping
@@ -32,3 +33,20 @@ def context_problem(prompt_tokens: int, max_tokens: int, max_model_len: int) -> 
         f"prompt ({prompt_tokens} tokens) + max_tokens ({max_tokens}) = {total} tokens "
         f"exceeds the model's context of {max_model_len} tokens"
     )
+
+
+def step_problem(
+    sequences: int, beam_search: bool, max_num_seqs: int, max_num_batched_tokens: int
+) -> str | None:
+    """Why the engine could never schedule a request of ``sequences`` (its n samples, or its beams), or
+    None: each sequence needs a seat of ``max_num_seqs``, and a beam search's beams advance together, a
+    token each, in one step of ``max_num_batched_tokens``."""
+    if sequences > max_num_seqs:
+        what = "beams" if beam_search else "samples"
+        return f"{sequences} {what} need a seat each; the engine has {max_num_seqs} (max_num_seqs)"
+    if beam_search and sequences > max_num_batched_tokens:
+        return (
+            f"a beam search of {sequences} beams advances them together, a token each, but a step "
+            f"computes at most {max_num_batched_tokens} tokens (max_num_batched_tokens)"
+        )
+    return None

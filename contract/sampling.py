@@ -127,8 +127,11 @@ class ContractError(ValueError):
 
 
 def problems(params: SamplingParams) -> list[Problem]:
-    """Everything wrong with ``params``: values out of bounds first, then rules between parameters."""
-    found = []
+    """Everything wrong with ``params``: values of the wrong type first (as OpenAI's API, no string or
+    boolean for a number: ``"4"`` and ``true`` are not 4 and 1), then out of bounds, then rules between
+    parameters."""
+    if found := list(_wrong_types(params)):
+        return found
     for name, on_items, constraint in bounds():
         value = getattr(params, name)
         if value is None:
@@ -143,15 +146,44 @@ def problems(params: SamplingParams) -> list[Problem]:
     return found or list(_rules(params))
 
 
+def _wrong_types(params: SamplingParams) -> Iterator[Problem]:
+    for name, on_items, kind in scalars():
+        value = getattr(params, name)
+        if value is None:
+            continue
+        for where, item in enumerate(value) if on_items else [(None, value)]:
+            if not _is(item, kind):
+                label = name if where is None else f"{name}.{where}"
+                yield Problem(name, f"{label} must be {KIND_WORDS[kind]}, got {item!r}")
+
+
+KIND_WORDS = {int: "an integer", float: "a number", bool: "true or false"}
+
+
+def _is(value: Any, kind: type) -> bool:
+    """Strict, as JSON means it: a bool is no number, and an integer is a number."""
+    if kind is bool or isinstance(value, bool):
+        return kind is bool and isinstance(value, bool)
+    return isinstance(value, int if kind is int else int | float)
+
+
 def _rules(p: SamplingParams) -> Iterator[Problem]:
     if p.min_tokens > p.max_tokens:
         message = f"min_tokens ({p.min_tokens}) must not exceed max_tokens ({p.max_tokens})"
         yield Problem("min_tokens", message)
-    if p.early_stopping not in (True, False, "never"):
+    if not isinstance(p.early_stopping, bool) and p.early_stopping != "never":
         message = f"early_stopping must be true, false or 'never', got {p.early_stopping!r}"
         yield Problem("early_stopping", message)
     if p.structured is not None and (wrong := structured.problem(p.structured)):
         yield Problem("structured", f"structured: {wrong}")
+    if p.structured is not None:
+        for name in ("stop", "stop_token_ids"):
+            if getattr(p, name):
+                message = f"{name} would cut a structured output short of its constraint; leave it out"
+                yield Problem(name, message)
+        if p.min_tokens:
+            message = "min_tokens would force tokens past the end of a structured output; leave it out"
+            yield Problem("min_tokens", message)
     if not p.use_beam_search:
         if p.best_of is not None:
             yield Problem("best_of", "best_of is the beam width: it needs use_beam_search")
@@ -190,6 +222,27 @@ BOUNDS: dict[type, tuple[str, Callable[[Any, Any], bool], str]] = {
     MinLen: ("min_length", lambda value, least: len(value) >= least, "at least {} long"),
     MaxLen: ("max_length", lambda value, most: len(value) <= most, "at most {} long"),
 }
+
+
+@cache
+def scalars() -> list[tuple[str, bool, type]]:
+    """Every integer, number or boolean parameter: (parameter, whether its list items are, the type)."""
+    found = []
+    for name, hint in hints().items():
+        on_items = False
+        while True:
+            origin, args = get_origin(hint), get_args(hint)
+            if origin is Annotated:
+                hint = args[0]
+            elif origin is list:
+                on_items, hint = True, args[0]
+            elif origin in (Union, UnionType) and len(arms := [a for a in args if a is not NoneType]) == 1:
+                hint = arms[0]
+            else:
+                break
+        if hint in KIND_WORDS:
+            found.append((name, on_items, hint))
+    return found
 
 
 @cache

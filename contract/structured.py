@@ -3,8 +3,14 @@
 Exactly one kind is set, as in vLLM's ``structured_outputs``: ``json`` (a JSON schema), ``json_object``
 (any JSON object), ``regex``, ``choice`` (one of fixed strings) or ``grammar`` (Lark, or llama.cpp's
 GBNF). ``grammar_text`` turns it into llguidance's grammar; ``problem`` says why the library would
-refuse it, so the API refuses it at submission. llguidance is imported lazily: ``contract/`` stays
-importable without it, and only a request that carries a constraint needs it.
+refuse it, so the API refuses it at submission: one that does not compile, one that can match no
+text at all (its first step allows nothing: ``[^\\s\\S]``, ``start: start``, a ``$ref`` to itself),
+which would otherwise end at once with empty output, and one the library gives up on along a short
+walk. llguidance is imported lazily: ``contract/`` stays importable without it, and only a request
+that carries a constraint needs it.
+
+A ``choice`` is one regex alternation, a single lexeme: as a grammar rule of alternatives, each choice
+is an item of the parser's row, and llguidance refuses a row of more than 2,000 items mid-output.
 """
 
 from collections.abc import Iterator
@@ -16,6 +22,7 @@ from typing import Any, ClassVar
 # Compact JSON: without this a small model can fill max_tokens with whitespace between values.
 JSON_OPTIONS = {"whitespace_flexible": False}
 KINDS = ("json", "json_object", "regex", "choice", "grammar")
+WALK_BYTES = 16  # how far ``problem`` follows a constraint looking for a dead end
 
 
 @dataclass
@@ -82,7 +89,59 @@ def _problem(key: str) -> str | None:
     except ValueError as error:
         return str(error)
     is_error, messages = LLMatcher.validate_grammar_with_warnings(text)
-    return messages[0] if is_error else None
+    if is_error:
+        return messages[0]
+    return _walk(LLMatcher(_byte_tokenizer(), text, log_level=0))
+
+
+def _walk(matcher: Any) -> str | None:
+    """Follows the constraint a few bytes, the lowest allowed byte each time, until it accepts: an empty
+    language fails at the first byte, and a dead end or a library limit (a rule of thousands of
+    alternatives) shows on the way, as it would mid-output."""
+    walked = b""
+    for _ in range(WALK_BYTES):
+        if matcher.is_error() or matcher.is_accepting():
+            break
+        mask = matcher.compute_bitmask()
+        if matcher.is_error() or (byte := _lowest(mask)) is None or byte > 255:
+            break
+        matcher.consume_token(byte)
+        walked += bytes([byte])
+    if not matcher.is_error():
+        return None
+    if not walked:
+        return "the constraint matches no text at all: no output could ever satisfy it"
+    reason = matcher.get_error().strip().splitlines()[0]
+    return f"the constraint fails after {walked.decode(errors='replace')!r}: {reason}"
+
+
+def _lowest(mask: bytes) -> int | None:
+    """The lowest token a bitmask allows (bit t % 32 of little-endian int32 word t // 32), or None."""
+    for index, bits in enumerate(mask):
+        if bits:
+            return index * 8 + (bits & -bits).bit_length() - 1
+    return None
+
+
+@lru_cache(maxsize=1)
+def _byte_tokenizer() -> object:
+    """A tokenizer of the 256 bytes and an end token, enough to ask whether any text matches."""
+    from llguidance import LLTokenizer, TokenizerWrapper
+
+    class Bytes:
+        eos_token_id, bos_token_id = 256, None
+        tokens: ClassVar = [bytes([byte]) for byte in range(256)] + [b"\xff[end]"]
+        special_token_ids: ClassVar = [256]
+
+        def __call__(self, text: bytes) -> list[int]:
+            return list(text)
+
+    return LLTokenizer(TokenizerWrapper(Bytes()))
+
+
+def choice_regex(choices: list[str]) -> str:
+    """A regex matching exactly one of ``choices``: every character but letters and digits escaped."""
+    return "|".join("".join(c if c.isalnum() else f"\\x{{{ord(c):x}}}" for c in text) for text in choices)
 
 
 @lru_cache(maxsize=1024)
@@ -101,5 +160,5 @@ def _grammar_text(key: str) -> str:
     if c.choice is not None:
         if not c.choice:
             raise ValueError("choice must list at least one string")
-        return grammar_from("choice", c.choice)  # type: ignore[arg-type]
+        return LLMatcher.grammar_from_regex(choice_regex(c.choice))
     return grammar_from("grammar", c.grammar or "")

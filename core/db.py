@@ -8,18 +8,21 @@ from sqlalchemy.orm import Session, sessionmaker
 from core.settings import Settings
 
 
-def make_db_engine(settings: Settings) -> Engine:
+def make_db_engine(settings: Settings, connections: int | None = None) -> Engine:
     """``hide_parameters``: a statement's parameters (prompts, metadata, webhook URLs) are never part of an
-    exception's message, and so never of a log line."""
+    exception's message, and so never of a log line. ``connections``: a pool of exactly that many, for
+    users that know how many threads share it (the worker's roles); default, 10 and up to 20 more."""
     url = settings.resolved_database_url
+    sized = {} if connections is None else {"pool_size": connections, "max_overflow": 0}
     if url.startswith("sqlite"):
         settings.data_dir.mkdir(parents=True, exist_ok=True)
         engine = create_engine(
-            url, connect_args={"timeout": 30, "check_same_thread": False}, hide_parameters=True
+            url, connect_args={"timeout": 30, "check_same_thread": False}, hide_parameters=True, **sized
         )
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
-    return create_engine(url, pool_size=10, max_overflow=20, pool_pre_ping=True, hide_parameters=True)
+    pool = sized or {"pool_size": 10, "max_overflow": 20}
+    return create_engine(url, pool_pre_ping=True, hide_parameters=True, **pool)
 
 
 def _sqlite_pragmas(connection: Any, _record: Any) -> None:

@@ -94,7 +94,8 @@ class ApiKey(Base):
 
 
 def owner_column(index: bool = True) -> Mapped[str | None]:
-    """The key that created the row (NULL: created with auth off); ``api/auth.py`` scopes reads by it."""
+    """The key that created the row (NULL: created with auth off); ``api/http/caller.py`` scopes reads by
+    it."""
     return mapped_column(String(36), ForeignKey("api_keys.id"), index=index)
 
 
@@ -146,7 +147,7 @@ class Job(Base):
 
     queued_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     published_at: Mapped[datetime | None] = mapped_column(UTCDateTime)  # last handed to the broker
-    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)  # first scheduled by the engine
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)  # claimed by a worker: running from then
     first_token_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     # Deleted once past this and ended (core/retention.py); None: kept, or a batch's job (kept with it).

@@ -17,6 +17,7 @@ from pydantic import (
     ConfigDict,
     Field,
     HttpUrl,
+    Strict,
     ValidationError,
     create_model,
     model_validator,
@@ -48,10 +49,14 @@ Text = Annotated[str, AfterValidator(storable)]
 
 
 def _storable(hint: Any) -> Any:
-    """A contract type with every ``str`` in it a ``Text``: what the database can store."""
+    """A contract type with every ``str`` in it a ``Text`` (what the database can store), and every
+    integer, number and boolean strict, as the contract and OpenAI's API: ``"4"`` and ``true`` are no 4
+    or 1."""
     origin, args = get_origin(hint), get_args(hint)
     if hint is str:
         return Text
+    if hint in (int, float, bool):
+        return Annotated[hint, Strict()]
     if origin is Annotated:
         return Annotated[(_storable(args[0]), *hint.__metadata__)]
     if origin is list:
@@ -115,7 +120,7 @@ class JobSpec(SamplingSpec):
         None, min_length=1, description="a chat; the model's chat template is applied"
     )
     model: str | None = Field(None, description="must name the served model when given")
-    priority: int = Field(0, ge=-100, le=100, description="lower runs first")
+    priority: int = Field(0, ge=-100, le=100, strict=True, description="lower runs first")
     metadata: Metadata = Field(default_factory=dict, max_length=16)
     webhook_url: HttpUrl | None = Field(None, description="receives this job's events (Standard Webhooks)")
     webhook_events: list[JobEvent] | None = Field(

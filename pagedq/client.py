@@ -45,8 +45,8 @@ class Api:
     def __init__(self, url: str, connections: int = 4, retries: int = 0) -> None:
         self.url = url.rstrip("/")
         limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
-        key = Settings().api_key
-        headers = {"Authorization": f"Bearer {key}"} if key else None
+        self.key = Settings().api_key
+        headers = {"Authorization": f"Bearer {self.key}"} if self.key else None
         self.http = httpx.Client(base_url=self.url, timeout=30.0, limits=limits, headers=headers)
         self.retries = retries
 
@@ -94,7 +94,17 @@ class Api:
             raise ApiError(f"cannot reach the API at {self.url}: {error or type(error).__name__}") from None
         if response.is_success:
             return response
+        if response.status_code == 401:  # the API speaks of headers; a CLI user sets a variable
+            raise ApiError(self._key_problem(), 401)
         raise ApiError(_detail(response), response.status_code)
+
+    def _key_problem(self) -> str:
+        if self.key:
+            return f"the API at {self.url} does not accept the key in PAGEDQ_API_KEY"
+        return (
+            f"the API at {self.url} needs an API key: set PAGEDQ_API_KEY "
+            "(an admin makes one with `pagedq keys create NAME`)"
+        )
 
 
 def _detail(response: httpx.Response) -> str:

@@ -4,16 +4,21 @@ until its end is written (late acks: only then is the message acknowledged).
 With fair share the message is a ticket (worker/fair.py): it claims the fairest queued job, which another
 claim may take first; then the next. Every ticket a job's claim did not use stays in the broker for some
 other queued job.
+
+The pool's threads take turns on the database (worker/connections.py): a thread holds a turn only for a
+pick or a claim, never while it waits, for a retry or for its run to end.
 """
 
 import logging
+import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 
 from sqlalchemy.exc import SQLAlchemyError
 
+from worker.connections import CLAIM_TURNS
 from worker.drain import Drain
 from worker.flights import Flight, Flights
 from worker.health import describe
@@ -38,6 +43,7 @@ class Claimer:
     drain: Drain
     start: Callable[[Flight], None]  # hands a claimed run to the engine loop
     retry_delay: Callable[[int], float]  # seconds before the next try after this many failed ones
+    turns: threading.Semaphore = field(default_factory=lambda: threading.Semaphore(CLAIM_TURNS))
 
     def run(self, job_id: str) -> RunResult:
         flight = self.claim(job_id)
@@ -60,7 +66,8 @@ class Claimer:
                             return RunResult.SKIPPED
                         target, chosen = reserved
                         continue  # reserving may have waited for a run of the job, and a drain begun
-                    job = self.store.claim(target, self.worker_id, retry=failures > 0)
+                    with self.turns:
+                        job = self.store.claim(target, self.worker_id, retry=failures > 0)
                 except SQLAlchemyError as error:
                     if not database_away(error):
                         raise
@@ -78,7 +85,8 @@ class Claimer:
                 if job is None:
                     logger.info("job not queued, skipping", extra={"job_id": job_id})
                     return RunResult.SKIPPED
-                flight = Flight(job, JobResult.of(job.params))
+                # Running from now: a job says when it started, before a long prefill ends.
+                flight = Flight(job, JobResult.of(job.params, started=time.monotonic()))
                 self.flights.add(flight)
                 return flight
             return RunResult.REFUSED
@@ -90,7 +98,8 @@ class Claimer:
         """The job this message's thread will claim, marked as being claimed, and whether fair share chose
         it; None if another thread is claiming the message's own job (a duplicate message)."""
         while True:
-            chosen = self.store.pick(job_id, self.flights.claimed_or_held())
+            with self.turns:  # what the others reserved while this thread waited for its turn counts
+                chosen = self.store.pick(job_id, self.flights.claimed_or_held())
             if chosen is not None and chosen != job_id:
                 if self.flights.reserve(chosen, unless_held=True):
                     return chosen, True

@@ -81,8 +81,10 @@ class EngineLoop(Generic[E]):
             raise RuntimeError(f"the engine could not be built: {self._error}") from self._error
 
     def stop(self) -> None:
+        """Stops after the step in flight, waiting a second at most: the runs are all let go by now, and a
+        long prefill's step must not hold a stopping worker."""
         self._stopping.set()
-        self._thread.join(timeout=30)
+        self._thread.join(timeout=1.0)
 
     def add(self, flight: Flight) -> None:
         self._commands.put(AddRun(flight))
@@ -147,7 +149,7 @@ class EngineLoop(Generic[E]):
         if self.streamer is not None and not flight.job.in_batch:
             text = "".join(sample.text for sample in output.outputs if sample.index == 0)
             self.streamer.put(flight.job.id, flight.job.attempt, text, output.finished)
-        if output.finished and output.error is not None:  # its constraint did not compile in time
+        if output.finished and output.error is not None:  # its constraint failed
             self.flights.end(flight, JobStatus.FAILED, error=f"rejected by the engine: {output.error}")
         elif output.finished:
             reason = flight.result.choices[0].finish_reason

@@ -1,8 +1,9 @@
 """The flusher thread: the worker's only writer of runs. It writes progress and results, polls cancels,
-heartbeats, requeues what a drain's deadline catches running, and gives up unwritten runs at the end.
+requeues what a drain's deadline catches running, and gives up unwritten runs at the end.
 
 When the database is away, every write is kept and tried again (backing off) until it lands or the run
-turns out to be lost to another worker; meanwhile the worker does not heartbeat and says it is unhealthy.
+turns out to be lost to another worker; meanwhile the worker does not heartbeat (worker/heartbeat.py asks
+``writes_work``) and says it is unhealthy.
 """
 
 import logging
@@ -14,11 +15,12 @@ from dataclasses import dataclass, field
 from sqlalchemy.exc import SQLAlchemyError
 
 from core.states import JobStatus
+from worker.connectivity import Connectivity
 from worker.drain import Drain
 from worker.flights import Flight, Flights
 from worker.health import WorkerHealth, describe
 from worker.results import Clock
-from worker.store import JobStore, Progress
+from worker.store import JobStore, Progress, database_away
 
 logger = logging.getLogger("pagedq.worker")
 
@@ -33,19 +35,23 @@ class Flusher:
     health: WorkerHealth
     worker_id: str
     flush_interval: float
-    heartbeat_interval: float  # checked at each flush; also the longest retry delay
+    heartbeat_interval: float  # the longest retry delay
     publish: Publish
     abort: Callable[[Flight], None]  # asks the engine loop to abort a run
-    engine_stats: Callable[[], dict[str, float]]
+    connectivity: Connectivity = field(default_factory=Connectivity)
     clock: Clock = field(default_factory=Clock)
 
     def __post_init__(self) -> None:
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="pagedq-flusher", daemon=True)
+        self._failures = 0  # rounds failed in a row
 
     def start(self) -> None:
-        self.store.heartbeat(self.worker_id, self.engine_stats())
         self._thread.start()
+
+    def writes_work(self) -> bool:
+        """Whether the last round went through (or none has failed yet)."""
+        return self._failures == 0
 
     def begin_drain(self, grace: float) -> None:
         """Stop taking jobs; jobs still running after ``grace`` seconds are requeued. Writes that fail are
@@ -55,18 +61,13 @@ class Flusher:
         self.flights.wake.set()
 
     def stop(self) -> None:
-        """Requeue whatever still runs and write what is unwritten (until the give-up time), then stop and
-        leave the workers table. The engine loop must run meanwhile: a requeue ends with its abort."""
+        """Requeue whatever still runs and write what is unwritten (until the give-up time), then stop."""
         self.begin_drain(0.0)
         while self.flights and self._thread.is_alive():
             time.sleep(0.05)
         self._stopping.set()
         self.flights.wake.set()
         self._thread.join(timeout=30)
-        try:
-            self.store.remove_worker(self.worker_id)
-        except SQLAlchemyError as error:  # our heartbeats stop all the same: we age out of the table
-            logger.warning("could not leave the workers table", extra={"error": describe(error)})
         self.health.set("stopped")
 
     def backoff(self, failures: int) -> float:
@@ -74,42 +75,37 @@ class Flusher:
         return min(self.flush_interval * 2**failures, self.heartbeat_interval)
 
     def _run(self) -> None:
-        """Write, poll cancels, heartbeat. A failed round is tried again, backing off; until one succeeds the
-        worker does not heartbeat, so after the heartbeat timeout other workers take its jobs over (its
-        later writes then find them lost, and it aborts them)."""
-        last_tokens, last_time = 0.0, time.monotonic()
-        failures, failing_since = 0, 0.0
+        """Write and poll cancels. A failed round is tried again, backing off; until one succeeds the worker
+        does not heartbeat, so after the heartbeat timeout other workers take its jobs over (its later
+        writes then find them lost, and it aborts them)."""
+        failing_since = 0.0
         while not (self._stopping.is_set() and not self.flights):
             self.flights.wake.wait(self.flush_interval)
             self.flights.wake.clear()
             try:
                 self._flush()
                 self._poll_cancellations()
-                now = time.monotonic()
-                if now - last_time >= self.heartbeat_interval:
-                    stats = self.engine_stats()
-                    tokens = stats.get("num_generated_tokens", 0.0)
-                    rate = (tokens - last_tokens) / (now - last_time)
-                    self.store.heartbeat(self.worker_id, stats | {"tokens_per_s": rate})
-                    last_tokens, last_time = tokens, now
             except Exception as error:
-                failures += 1
+                self._failures += 1
                 failing_since = failing_since or time.monotonic()
-                self._failed(error, failures)
-                time.sleep(self.backoff(failures))  # not cut short by a stop: it retries as long
+                self._failed(error, self._failures)
+                time.sleep(self.backoff(self._failures))  # not cut short by a stop: it retries as long
             else:
-                if failures:
+                if self._failures:
                     outage = round(time.monotonic() - failing_since, 1)
                     logger.warning(
-                        "flushing works again", extra={"failed_tries": failures, "outage_s": outage}
+                        "flushing works again", extra={"failed_tries": self._failures, "outage_s": outage}
                     )
-                    failures, failing_since = 0, 0.0
+                    self._failures, failing_since = 0, 0.0
+                self.connectivity.succeeded()
                 self.health.succeeded(jobs=len(self.flights))
             self._enforce_drain_deadline()
             self._give_up_unwritten()
 
     def _failed(self, error: Exception, failures: int) -> None:
         """One log line per failed round, naming what waits to be written."""
+        if isinstance(error, SQLAlchemyError) and database_away(error):
+            self.connectivity.failed()
         self.health.failed(error)
         waiting = self.flights.waiting()
         results = [
@@ -187,11 +183,16 @@ class Flusher:
                 self._abort(job_id, JobStatus.CANCELLED)
 
     def _enforce_drain_deadline(self) -> None:
+        """Past the deadline, running jobs are requeued at once, not after the engine's step ends (a long
+        prefill's can take many seconds): the grace is a promise. Their aborts come out of the engine
+        later, to runs already let go."""
         if self.drain.past_deadline():
             for job_id in self.flights.running():
-                self._abort(job_id, JobStatus.QUEUED)
+                if (flight := self._abort(job_id, JobStatus.QUEUED)) is not None:
+                    self.flights.end(flight, JobStatus.QUEUED, finish_reason="abort")
 
-    def _abort(self, job_id: str, abort_as: JobStatus) -> None:
+    def _abort(self, job_id: str, abort_as: JobStatus) -> Flight | None:
         if (flight := self.flights.mark_abort(job_id, abort_as)) is not None:
             logger.info("aborting job", extra={"job_id": job_id, "as": abort_as.value})
             self.abort(flight)
+        return flight

@@ -4,16 +4,19 @@ Celery hands each job's message to a thread of its pool, which runs the claimer 
 blocks until the job's result is committed; meanwhile the jobs of all those threads batch together in the
 one engine, stepped by the engine loop (worker/engine_loop.py) on its own thread. The flusher
 (worker/flusher.py) is the only one that writes runs; the engine thread never touches the database, so a
-slow write never stalls a decode step. They share what the worker holds through worker/flights.py.
+slow write never stalls a decode step. They share what the worker holds through worker/flights.py. The
+heartbeat (worker/heartbeat.py) beats on a thread and a connection of its own.
 """
 
 from dataclasses import dataclass
 
 from worker.claimer import Claimer, RunResult
+from worker.connectivity import Connectivity
 from worker.engine import LLMEngine
 from worker.engine_loop import EngineLoop
 from worker.flusher import Flusher
 from worker.health import WorkerHealth
+from worker.heartbeat import Heartbeat
 
 
 @dataclass
@@ -21,13 +24,19 @@ class EngineHost:
     claimer: Claimer
     loop: EngineLoop[LLMEngine]
     flusher: Flusher
+    heartbeat: Heartbeat
     health: WorkerHealth
+
+    @property
+    def connectivity(self) -> Connectivity:
+        return self.heartbeat.connectivity
 
     def start(self) -> None:
         """The engine is built before the first flush and heartbeat: a worker that cannot build it never
         registers."""
         self.health.write()
         self.loop.start()
+        self.heartbeat.start()
         self.flusher.start()
 
     def run(self, job_id: str) -> RunResult:
@@ -38,7 +47,8 @@ class EngineHost:
         self.flusher.begin_drain(grace)
 
     def stop(self) -> None:
-        """Requeue whatever still runs and write what is unwritten, then stop the flusher, then the engine
-        (which steps the requeued runs' aborts out until then)."""
+        """Requeue whatever still runs and write what is unwritten, then stop the flusher, leave the workers
+        table, then stop the engine (the requeued runs' aborts are stepped out meanwhile, or not at all)."""
         self.flusher.stop()
+        self.heartbeat.stop()
         self.loop.stop()

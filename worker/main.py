@@ -17,7 +17,6 @@ from celery import Celery
 from celery.exceptions import Reject
 from celery.signals import worker_ready, worker_shutting_down
 
-from core.db import make_db_engine, make_sessionmaker
 from core.purge import Purger
 from core.queue import PROBE_QUEUE_TASK, RUN_JOB_TASK, make_celery, publish_job, publish_probe, queue_name
 from core.settings import Settings
@@ -25,12 +24,15 @@ from core.streams import stream_dropper, streams_url
 from core.webhooks import Outbox
 from worker.batches import BatchKeeper
 from worker.claimer import Claimer, RunResult
+from worker.connections import WorkerConnections
+from worker.connectivity import Connectivity
 from worker.drain import Drain
 from worker.engine import LLMEngine
 from worker.engine_loop import EngineLoop
 from worker.flights import Flights
 from worker.flusher import Flusher, Publish
 from worker.health import WorkerHealth
+from worker.heartbeat import Heartbeat
 from worker.host import EngineHost
 from worker.reconciler import Reconciler
 from worker.store import JobStore
@@ -49,10 +51,11 @@ def register_run_job(app: Celery, host: EngineHost) -> None:
             raise Reject("shut down before the job's result could be written", requeue=True)
 
 
-def register_probe_queue(app: Celery, reconciler: Reconciler) -> None:
+def register_probe_queue(app: Celery, reconciler: Reconciler, turns: threading.Semaphore) -> None:
     @app.task(name=PROBE_QUEUE_TASK)
     def probe_queue(step: int, published_before: str) -> None:
-        reconciler.republish_lost(step, datetime.fromisoformat(published_before))
+        with turns:  # a pool thread: it takes a turn on the database, as claims do
+            reconciler.republish_lost(step, datetime.fromisoformat(published_before))
 
 
 def engine_facts(engine: LLMEngine) -> dict[str, Any]:
@@ -78,13 +81,16 @@ def run_worker(settings: Settings, ready_fd: int | None = None) -> None:
         publish_job(app, job_id, queue, priority)
 
     outbox = Outbox(settings, app)  # job ends become webhook deliveries, published by the flusher thread
-    sessions = make_sessionmaker(make_db_engine(settings))
+    connections = WorkerConnections.connect(settings)
     fair_aging = settings.fair_aging_seconds if settings.fair_share else None
-    store = JobStore(sessions, settings.served_model_name, outbox, settings.max_attempts, fair_aging)
+    store = JobStore(
+        connections.job_sessions, settings.served_model_name, outbox, settings.max_attempts, fair_aging
+    )
     url = streams_url(settings)
     streamer = TokenStreamer(url) if url else None
     health = WorkerHealth(settings.resolved_worker_status_file, settings.heartbeat_period, worker_id)
-    host = engine_host(settings, store, publish, worker_id, health, streamer)
+    heartbeats = JobStore(connections.heartbeat_sessions, settings.served_model_name)
+    host = engine_host(settings, store, heartbeats, publish, worker_id, health, streamer, connections.turns)
     register_run_job(app, host)
     reconciler = Reconciler(
         store,
@@ -95,8 +101,9 @@ def run_worker(settings: Settings, ready_fd: int | None = None) -> None:
         BatchKeeper(store.sessions, outbox),
         Purger(store.sessions, settings.purge_chunk, stream_dropper(settings)),
         settings.purge_interval,
+        host.connectivity,
     )
-    register_probe_queue(app, reconciler)
+    register_probe_queue(app, reconciler, connections.turns)
     facts = {"worker_id": worker_id, "model": settings.served_model_name, "queue": queue}
     handle_signals(host, settings, facts, ready_fd)
     host.start()
@@ -111,19 +118,23 @@ def run_worker(settings: Settings, ready_fd: int | None = None) -> None:
         host.stop()
         if streamer is not None:
             streamer.close()
+        connections.dispose()
         logger.info("worker stopped", extra={"worker_id": worker_id})
 
 
 def engine_host(
     settings: Settings,
     store: JobStore,
+    heartbeats: JobStore,
     publish: Publish,
     worker_id: str,
     health: WorkerHealth,
     streamer: TokenStreamer | None,
+    turns: threading.Semaphore,
 ) -> EngineHost:
-    """The claimer, the engine loop and the flusher around one registry (worker/host.py)."""
-    flights = Flights()
+    """The claimer, the engine loop and the flusher around one registry, and the heartbeat
+    (worker/host.py); ``heartbeats`` is a store on the heartbeat's own engine (worker/connections.py)."""
+    flights, connectivity = Flights(), Connectivity()
     loop = EngineLoop(lambda: LLMEngine(settings.engine_config()), flights, streamer)
     # Past the drain deadline, failed writes are retried until other workers would take over our jobs.
     drain = Drain(write_grace=settings.heartbeat_timeout)
@@ -137,16 +148,18 @@ def engine_host(
         settings.heartbeat_period,
         publish,
         abort=loop.abort,
-        engine_stats=loop.stats,
+        connectivity=connectivity,
     )
-    claimer = Claimer(flights, store, worker_id, drain, start=loop.add, retry_delay=flusher.backoff)
-    return EngineHost(claimer, loop, flusher, health)
+    period = settings.heartbeat_period
+    heartbeat = Heartbeat(heartbeats, worker_id, period, loop.stats, flusher.writes_work, connectivity)
+    claimer = Claimer(flights, store, worker_id, drain, loop.add, flusher.backoff, turns)
+    return EngineHost(claimer, loop, flusher, heartbeat, health)
 
 
 def handle_signals(host: EngineHost, settings: Settings, facts: dict[str, Any], ready_fd: int | None) -> None:
-    now = threading.Event()
+    now, interrupted = threading.Event(), threading.Event()
 
-    def drain(**_: object) -> None:  # Celery's warm shutdown: SIGTERM, or Ctrl-C
+    def drain(**_: object) -> None:  # Celery's warm shutdown: SIGTERM, or our first Ctrl-C
         host.drain(0.0 if now.is_set() else settings.shutdown_grace)
 
     def stop_now(*_: object) -> None:  # SIGUSR2: requeue what still runs at once (`pagedq up`'s 2nd Ctrl-C)
@@ -154,13 +167,22 @@ def handle_signals(host: EngineHost, settings: Settings, facts: dict[str, Any], 
         host.drain(0.0)
         signal.raise_signal(signal.SIGTERM)  # and stop consuming, if no SIGTERM came before
 
+    def interrupt(*_: object) -> None:  # a standalone worker's Ctrl-C: drain, and on a second, stop now
+        if interrupted.is_set():
+            stop_now()
+            return
+        interrupted.set()
+        logger.info("interrupted: Ctrl-C again requeues the running jobs at once")
+        signal.raise_signal(signal.SIGTERM)
+
     def ready(**_: object) -> None:
         announced = facts | engine_facts(host.loop.engine)
         logger.info("worker ready", extra=announced)
+        # Ctrl-C is ours, not Celery's: Celery takes a second one for a cold shutdown, which its threads
+        # pool cannot do (it logs a NotImplementedError and leaves the jobs running). Under `pagedq up`,
+        # `up` owns it: it stops the API, then sends SIGTERM, then SIGUSR2 for "now".
+        signal.signal(signal.SIGINT, signal.SIG_IGN if ready_fd is not None else interrupt)
         if ready_fd is not None:
-            # `pagedq up` owns Ctrl-C (Celery would take a second one for a cold shutdown, which its
-            # threads pool cannot do): it stops the API, then sends SIGTERM, then SIGUSR2 for "now".
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
             with os.fdopen(ready_fd, "w") as announce:
                 announce.write(json.dumps(announced) + "\n")
 

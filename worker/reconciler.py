@@ -13,6 +13,10 @@ steps that have queued jobs that old.
 With fair share a message is a ticket for the fairest job (worker/fair.py), so a job may still be queued
 because its message claimed a fairer one: that fairer job's message is still waiting, and the job's
 republished message is one ticket more than needed, whose claim finds nothing and is dropped.
+
+A worker is judged dead only by a reconciler connected for a heartbeat timeout since its last failure
+(worker/connectivity.py): after a database outage every heartbeat is stale, and the first worker back
+must not take the others' jobs before they could write one.
 """
 
 import logging
@@ -26,6 +30,7 @@ from core.models import utcnow
 from core.purge import Purger
 from core.queue import celery_priority, priorities_at
 from worker.batches import BatchKeeper
+from worker.connectivity import Connectivity
 from worker.flusher import Publish
 from worker.health import describe
 from worker.store import JobStore, database_away
@@ -45,34 +50,45 @@ class Reconciler:
     batches: BatchKeeper | None = None  # expires, stops and finalizes batches
     purger: Purger | None = None  # deletes what retention has expired
     purge_interval: float = 300.0
+    connectivity: Connectivity = field(default_factory=Connectivity)  # shared with the worker's other roles
     probed: dict[int, float] = field(default_factory=dict)  # step -> when this reconciler last probed it
     purged: float = -float("inf")  # when this reconciler last purged (monotonic)
 
     def run(self, interval: float, stop: threading.Event) -> None:
         while not stop.wait(interval):
-            self._try("reconcile", self.reconcile)
+            if self._try("reconcile", self.reconcile):
+                self.connectivity.succeeded()
             if self.batches is not None:
                 self._try("keeping batches", self.batches.keep)
             if self.purger is not None and time.monotonic() - self.purged >= self.purge_interval:
                 self.purged = time.monotonic()
                 self._try("purging expired objects", self.purger.purge)
 
-    @staticmethod
-    def _try(what: str, step: Callable[[], None]) -> None:
+    def _try(self, what: str, step: Callable[[], None]) -> bool:
         """A failed round is tried again next round. A database outage gets one line (the flusher logs
-        what waits on it), anything else its traceback."""
+        what waits on it), anything else its traceback. Returns whether it went through."""
         try:
             step()
         except Exception as error:
             if not database_away(error):
                 logger.exception(f"{what} failed")
-                return
+                return False
+            self.connectivity.failed()
             logger.warning(f"{what} failed: the database is away", extra={"error": describe(error)})
+            return False
+        return True
 
     def reconcile(self) -> None:
+        if self.connectivity.connected_for() >= self.heartbeat_timeout:  # else others may not have beaten
+            self.requeue_orphans()
+        self.probe_waiting_steps()
+
+    def requeue_orphans(self) -> None:
         for job_id, priority in self.store.requeue_orphans(self.heartbeat_timeout):
             logger.warning("requeued the job of a silent worker", extra={"job_id": job_id})
             self.publish(job_id, priority)
+
+    def probe_waiting_steps(self) -> None:
         published_before = utcnow() - timedelta(seconds=self.requeue_after)
         steps = {celery_priority(p) for p in self.store.waiting_priorities(published_before)}
         for step in sorted(steps):

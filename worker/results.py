@@ -37,14 +37,14 @@ class JobResult:
     top_logprobs: int | None = None  # how many alternatives per token the job asked for; None: no logprobs
     choices: list[Choice] = field(default_factory=lambda: [Choice()])
     cached_tokens: int = 0
-    started: float | None = None  # monotonic
+    started: float | None = None  # monotonic: when claimed (running from then), else first scheduled
     first_token: float | None = None
     token_times_ms: list[float] = field(default_factory=list)  # since started
     times_written: int = 0  # how many of them the database holds
 
     @classmethod
-    def of(cls, params: dict[str, Any]) -> "JobResult":
-        return cls(top_logprobs=params.get("logprobs"))
+    def of(cls, params: dict[str, Any], started: float | None = None) -> "JobResult":
+        return cls(top_logprobs=params.get("logprobs"), started=started)
 
     def fold(self, output: RequestOutput, token_text: TokenText) -> None:
         """Add one step's output: only what is new since the last step."""
@@ -53,7 +53,9 @@ class JobResult:
             self._fold_sample(self.choices[sample.index], sample, token_text)
         self.cached_tokens = output.num_cached_tokens
         metrics = output.metrics
-        self.started, self.first_token = metrics.first_scheduled_time, metrics.first_token_time
+        if self.started is None:
+            self.started = metrics.first_scheduled_time
+        self.first_token = metrics.first_token_time
         if self.started is not None:
             # A step's output carries only its new tokens' times, as its text and token ids.
             self.token_times_ms.extend(ms((t - self.started) * 1000) for t in metrics.token_times)

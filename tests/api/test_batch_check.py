@@ -13,9 +13,10 @@ import pytest
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
 from transformers import AutoTokenizer
 
-from api.batch_check import SLICE_LINES, BadLines, BatchChecker, CheckedLine
-from api.piece_encoding import PieceEncoder
-from api.prompts import PromptEncoder
+from api.batches.check import SLICE_LINES, BadLines, BatchChecker, CheckedLine
+from api.prompts.encoder import PromptEncoder
+from api.prompts.piece_encoding import PieceEncoder
+from contract.engine import EngineConfig
 from core.spec import JobSpec
 from worker.engine.default_model import ensure_default_model
 
@@ -35,12 +36,12 @@ def line(i: int, **body: Any) -> bytes:
 
 @pytest.fixture(scope="module")
 def encoder(tiny_llama: Path) -> PromptEncoder:
-    return PromptEncoder(tiny_llama, None)
+    return PromptEncoder(tiny_llama, EngineConfig())
 
 
 @pytest.fixture(scope="module")
 def in_pool(encoder: PromptEncoder, tiny_llama: Path) -> Iterator[BatchChecker]:
-    checker = BatchChecker(encoder, tiny_llama, None, processes=2)
+    checker = BatchChecker(encoder, tiny_llama, encoder.engine, processes=2)
     yield checker
     checker.close()
 
@@ -60,7 +61,7 @@ def test_a_pool_checks_a_file_as_this_process_does_and_in_its_order(encoder, in_
     raw_lines[10] = line(10, max_tokens=None)  # fills the context: max_tokens from the prompt's length
     raw_lines.insert(20, b"   ")  # blank: skipped, but counted in the line numbers
 
-    here, bad_here = check(BatchChecker(encoder, Path(), None, processes=0), raw_lines)
+    here, bad_here = check(BatchChecker(encoder, Path(), encoder.engine, processes=0), raw_lines)
     pooled, bad_pooled = check(in_pool, raw_lines)
 
     assert bad_here is None and bad_pooled is None
@@ -110,7 +111,7 @@ def test_a_file_without_lines_is_refused(in_pool):
 def test_a_dead_pool_process_fails_one_check_and_the_next_check_gets_a_new_pool(encoder, tiny_llama):
     raw_lines = [line(i) for i in range(3)]
     before = {child.pid for child in multiprocessing.active_children()}
-    checker = BatchChecker(encoder, tiny_llama, None, processes=1)
+    checker = BatchChecker(encoder, tiny_llama, encoder.engine, processes=1)
     try:
         assert len(check(checker, raw_lines)[0]) == 3
         [process] = [child for child in multiprocessing.active_children() if child.pid not in before]

@@ -18,7 +18,7 @@ from openai.types.chat import ChatCompletion
 from sqlalchemy import func, select, update
 
 from api.app import create_app
-from api.batch_lines import to_spec
+from api.batches.lines import to_spec
 from core.db import make_db_engine, make_sessionmaker
 from core.models import Batch as BatchRow
 from core.models import File, Job, WebhookDelivery, utcnow

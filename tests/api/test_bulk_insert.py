@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from api.bulk_insert import insert_jobs
+from api.batches.bulk_insert import insert_jobs
 from core.db import make_db_engine, make_sessionmaker
 from core.models import Job, utcnow
 from core.settings import Settings

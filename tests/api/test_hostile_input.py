@@ -13,8 +13,8 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select
 
 from api.app import create_app
-from api.problems import Invalid
-from api.submitter import Submitter
+from api.http.problems import Invalid
+from api.jobs.submitter import Submitter
 from core.models import Job, utcnow
 from core.settings import Settings
 from core.states import JobStatus

@@ -17,9 +17,9 @@ from fastapi.testclient import TestClient
 from sqlalchemy import func, select, text
 
 from api.app import create_app
-from api.auth import Caller, Limits
-from api.limits import KeyLimiter
-from api.problems import TooMany
+from api.http.caller import Caller, Limits
+from api.http.limits import KeyLimiter, rate_window
+from api.http.problems import TooMany
 from core import keys
 from core.models import ApiKey, Batch, Job, Worker, utcnow
 from core.queue import make_celery, queue_depth, queue_name
@@ -395,6 +395,20 @@ def test_each_rate_limit_is_a_429_with_retry_after_and_enqueues_nothing(
     response = client.post("/v1/completions", json=openai_body, headers=bearer(small))
     assert response.status_code == 400 and response.json()["error"]["param"] == "max_tokens"
     assert count(db, Job, key_id=key_id(db, "small")) == 0
+
+
+def test_a_fractional_rate_is_enforced_as_given(client: TestClient, db: Database) -> None:
+    assert [(w.amount, w.multiples) for w in map(rate_window, (1.5, 0.25, 50.0, 0.001))] == [
+        (3, 2),
+        (1, 4),
+        (50, 1),
+        (1, 1),
+    ]
+    key = make_key(db, "one-and-a-half", requests_per_second=1.5)
+    accepted, refused = refused_after_some(client, key, 8)
+    assert accepted >= 3 and refused.status_code == 429  # 1.5/s: 3 in a window of 2 s, not 1 a second
+    assert refused.headers["x-ratelimit-limit-requests"] == "3"
+    assert "3 requests per 2 seconds" in refused.json()["detail"]
 
 
 def test_max_active_jobs_refuses_a_job_or_a_whole_batch_and_a_cancel_releases_a_share(

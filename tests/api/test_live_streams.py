@@ -13,8 +13,8 @@ from typing import TypeVar
 import pytest
 import redis
 
-from api import live
-from api.live import LiveStreams
+from api.jobs import live
+from api.jobs.live import LiveStreams
 from core.streams import StreamEntry, channel_key, stream_key
 from tests.support.services import async_wait_for, redis_url, wait_for
 from worker.streamer import TokenStreamer

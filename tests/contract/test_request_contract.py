@@ -16,9 +16,9 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from api.batch_lines import CHAT, COMPLETIONS, read_lines
-from api.openai_online import OpenAIError, online_request
-from api.routes.generate import GenerateIn
+from api.batches.lines import CHAT, COMPLETIONS, read_lines
+from api.generate.router import GenerateIn
+from api.openai.online import OpenAIError, online_request
 from contract.context import context_problem, max_model_len
 from contract.sampling import ContractError, SamplingParams, hints
 from contract.sampling_defaults import model_defaults

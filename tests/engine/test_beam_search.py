@@ -122,3 +122,15 @@ def test_unsupported_beam_options_are_refused(options: dict, message: str) -> No
     base = {"use_beam_search": True, "n": 2, "temperature": 0.0} | options
     with pytest.raises(ValueError, match=message):
         SamplingParams(**base)
+
+
+def test_a_beam_search_wider_than_a_step_is_refused_at_once(tiny_llama: Path) -> None:
+    """Its beams advance together, a token each: wider than a step's token budget, it would wait forever."""
+    knobs = {"max_num_batched_tokens": 6, "max_num_seqs": 8}
+    small = LLM(str(tiny_llama), device="cpu", kv_cache_bytes=4 << 20, **knobs)
+    with pytest.raises(ValueError, match=r"8 beams .* at most 6 tokens \(max_num_batched_tokens\)"):
+        small.engine.add_request("wide", PROMPTS[0], beam_params(8))
+    with pytest.raises(ValueError, match=r"12 samples need a seat each; the engine has 8 \(max_num_seqs\)"):
+        small.engine.add_request("many", PROMPTS[0], SamplingParams(n=12))
+    assert not small.engine.has_unfinished_requests()
+    assert small.generate(PROMPTS[0], beam_params(6))[0].outputs[0].token_ids  # as wide as a step: it runs

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from core import keys
 from core.settings import Settings
 from pagedq import cli
 from tests.support.jobs_client import Database, api_over_http, start_worker
@@ -175,3 +176,19 @@ def test_clients_find_the_api_where_make_run_put_it(monkeypatch, env, url):
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     assert cli.api_url(cli.build_parser().parse_args(["jobs", "list"])) == url
+
+
+def test_a_missing_or_wrong_key_names_the_variable_to_set(service_settings, db, monkeypatch, capsys):
+    settings = service_settings.model_copy(update={"auth": "required"})
+    with db.sessions.begin() as session:
+        key = keys.create(session, "cli", False)[1]
+    monkeypatch.delenv("PAGEDQ_API_KEY", raising=False)
+    with api_over_http(settings) as url:
+        assert cli.main(["jobs", "list", "--url", url]) == 1
+        err = capsys.readouterr().err
+        assert "needs an API key: set PAGEDQ_API_KEY" in err and "header" not in err and err.count("\n") == 1
+        monkeypatch.setenv("PAGEDQ_API_KEY", "pq_not_a_key")
+        assert cli.main(["jobs", "list", "--url", url]) == 1
+        assert "does not accept the key in PAGEDQ_API_KEY" in capsys.readouterr().err
+        monkeypatch.setenv("PAGEDQ_API_KEY", key)
+        assert cli.main(["jobs", "list", "--url", url]) == 0

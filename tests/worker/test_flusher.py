@@ -12,11 +12,12 @@ import pytest
 from sqlalchemy import update
 
 from core.db import make_db_engine, make_sessionmaker
-from core.models import Job, Worker
+from core.models import Job
 from core.settings import Settings
 from core.states import JobStatus
 from tests.support.roles import MODEL, add_job, database_away, row
 from tests.support.services import wait_for
+from worker.claimer import Claimer
 from worker.drain import Drain
 from worker.engine import CompletionOutput, RequestMetrics, RequestOutput
 from worker.flights import Flight, Flights
@@ -62,7 +63,6 @@ def flusher(store: JobStore, recorder: Recorder, tmp_path: Path) -> Iterator[Flu
         heartbeat_interval=0.2,
         publish=recorder.publish,
         abort=recorder.aborted.append,
-        engine_stats=lambda: {"num_running": 0, "num_generated_tokens": 0},
     )
     writer.start()
     yield writer
@@ -109,8 +109,6 @@ def test_progress_then_the_result_is_written_and_the_run_let_go(store, flusher):
         "length",
     )
     assert len(flusher.flights) == 0 and not run.unwritten
-    with store.sessions() as session:  # it heartbeats with the engine's stats
-        assert session.get_one(Worker, "w1").stats["num_running"] == 0
     assert health_line(flusher).startswith("healthy")
 
 
@@ -139,9 +137,7 @@ def test_a_drain_requeues_and_publishes_the_runs_its_deadline_finds_running(stor
     assert row(store, run.job.id).status == JobStatus.QUEUED and row(store, done.job.id).status == "succeeded"
     assert not run.unwritten
 
-    flusher.stop()  # leaves the workers table and says so
-    with store.sessions() as session:
-        assert session.get(Worker, "w1") is None
+    flusher.stop()  # and says so
     assert health_line(flusher) == "stopped: worker w1"
 
 
@@ -184,3 +180,21 @@ def test_a_drain_gives_up_the_runs_it_still_cannot_write_and_they_go_back(
         assert run.unwritten and recorder.aborted == [run] and len(flusher.flights) == 0
     job = row(store, run.job.id)  # still running, ours: requeued once our heartbeat ages
     assert (job.status, job.worker_id) == (JobStatus.RUNNING, "w1")
+
+
+def test_a_claimed_run_says_when_it_started_before_the_engine_has_produced_anything(store, flusher):
+    job_id = add_job(store)
+    started: list[Flight] = []
+    claimer = Claimer(flusher.flights, store, "w1", flusher.drain, started.append, lambda _: 0.05)
+    run = claimer.claim(job_id)
+    assert isinstance(run, Flight)
+    # A long prefill: no output yet. The job is running, and says since when.
+    job = wait_for(
+        lambda: (j := row(store, job_id)).started_at is not None and j, 10, "started_at to be written"
+    )
+    assert job.status == JobStatus.RUNNING and job.first_token_at is None
+    produce(flusher.flights, run, "late")  # the engine's first output, its step long after the claim
+    wait_for(lambda: row(store, job_id).first_token_at is not None, 10, "the first token to be written")
+    after = row(store, job_id)
+    assert after.started_at == job.started_at <= after.first_token_at
+    assert after.token_times_ms[0] >= 0

@@ -2,6 +2,7 @@
 
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -147,15 +148,45 @@ def test_sigterm_requeues_jobs_that_outlast_the_grace_period(service_settings, d
 
 
 def test_sigterm_lets_short_jobs_finish_within_the_grace_period(service_settings, db, workers, tmp_path):
-    # Queued before the worker starts, so its threads claim all four at once; long enough that none ends
-    # before the last is claimed (the tiny model makes 200 tokens in well under a second).
+    # Queued before the worker starts, so its threads claim all four at once. The grace outlasts them on
+    # any machine: this waits on the jobs' ends, not on how fast they are.
     with api_client(service_settings) as client:
         ids = [submit(client, prompt=p, max_tokens=800, ignore_eos=True) for p in PROMPTS[:4]]
-    first = spawn(service_settings, db, workers, tmp_path, shutdown_grace=30)
-    wait_for(lambda: all(j.status == "running" for j in db.jobs(ids)), 60, "the jobs to start")
+    first = spawn(service_settings, db, workers, tmp_path, shutdown_grace=600)
+    wait_for(lambda: all(j.attempt == 1 for j in db.jobs(ids)), 60, "the jobs to be claimed")
+    running = [j.id for j in db.jobs(ids) if j.status == "running"]
+    first.signal(signal.SIGTERM)
+    assert running, "the test needs jobs still running at the SIGTERM"
+    assert first.popen.wait(600) == 0, first.log()[-3000:]
+    assert all(job.status == "succeeded" and job.attempt == 1 for job in db.jobs(ids))
+
+
+def test_sigterm_exits_within_the_grace_requeueing_what_still_runs(service_settings, db, workers, tmp_path):
+    grace = 2.0
+    first = spawn(service_settings, db, workers, tmp_path, shutdown_grace=grace)
+    with api_client(service_settings) as client:
+        ids = [submit_greedy(client, p, 1000) for p in PROMPTS[:4]]
+    wait_for(lambda: all(j.completion_tokens > 0 for j in db.jobs(ids)), 60, "the jobs to start")
+    signalled = time.monotonic()
     first.signal(signal.SIGTERM)
     assert first.popen.wait(60) == 0, first.log()[-3000:]
-    assert all(job.status == "succeeded" and job.attempt == 1 for job in db.jobs(ids))
+    took = time.monotonic() - signalled
+    assert took < grace + 2.0, f"a {grace:g} s grace took {took:.1f} s"
+    assert all(j.status == "queued" and j.attempt == 1 for j in db.jobs(ids))
+
+
+def test_a_second_ctrl_c_requeues_at_once_and_quietly(service_settings, db, workers, tmp_path):
+    first = spawn(service_settings, db, workers, tmp_path, shutdown_grace=600)
+    with api_client(service_settings) as client:
+        ids = [submit_greedy(client, p, 1000) for p in PROMPTS[:4]]
+    wait_for(lambda: all(j.completion_tokens > 0 for j in db.jobs(ids)), 60, "the jobs to start")
+    first.signal(signal.SIGINT)  # Ctrl-C, as a terminal sends it to the process group
+    wait_for(lambda: '"draining"' in first.log(), 30, "the worker to drain")
+    first.signal(signal.SIGINT)
+    assert first.popen.wait(30) == 0, first.log()[-3000:]
+    assert all(j.status == "queued" and j.attempt == 1 and j.worker_id is None for j in db.jobs(ids))
+    log = first.log()
+    assert '"levelname": "ERROR"' not in log and "NotImplementedError" not in log, log[-3000:]
 
 
 def test_queued_job_whose_message_was_lost_is_republished(service_settings, db, workers, tmp_path):

@@ -33,13 +33,18 @@ class Matcher:
     def fork(self) -> "Matcher":
         return Matcher(self.matcher.deep_copy())  # type: ignore[attr-defined]
 
-    def accept(self, token: int) -> None:
-        if not self.matcher.consume_token(token):  # type: ignore[attr-defined]
-            logger.warning("a constrained sequence sampled a token its grammar refuses: %s", self.error)
+    def accept(self, token: int) -> str | None:
+        """Advance by ``token``; returns why the grammar cannot go on (its sequence must fail), or None."""
+        self.matcher.consume_token(token)  # type: ignore[attr-defined]
+        return self.error
 
     @property
     def error(self) -> str | None:
-        return self.matcher.get_error() if self.matcher.is_error() else None  # type: ignore[attr-defined]
+        """Why the grammar failed (the library's first line), or None."""
+        if not self.matcher.is_error():  # type: ignore[attr-defined]
+            return None
+        text = self.matcher.get_error().strip()  # type: ignore[attr-defined]
+        return f"the structured-output constraint failed: {text.splitlines()[0] if text else 'unknown error'}"
 
 
 class Grammars:

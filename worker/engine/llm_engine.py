@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import AutoTokenizer, GenerationConfig, PreTrainedTokenizerBase
 
-from contract.context import context_problem, max_model_len
+from contract.context import context_problem, max_model_len, step_problem
 from contract.engine import EngineConfig
 from contract.sampling import SamplingParams
 from worker.engine.beam_search import BeamSearcher
@@ -117,6 +117,11 @@ class LLMEngine:
             )
         if problem := context_problem(len(token_ids), params.max_tokens, self.max_model_len):
             raise ValueError(f"request {request_id!r}: {problem}")
+        config = self.config
+        if step := step_problem(
+            params.num_sequences, params.use_beam_search, config.max_num_seqs, config.max_num_batched_tokens
+        ):
+            raise ValueError(f"request {request_id!r}: {step}")
         total = len(token_ids) + params.max_tokens
         pool_tokens = self.runner.num_blocks * self.config.block_size
         if total > pool_tokens:
@@ -171,7 +176,7 @@ class LLMEngine:
         new = self.beam_searcher.step(beams, logits) + self._sample(rows, logits)
         for output in new:
             if output.finished:
-                del self.requests[output.request_id]
+                self.requests.pop(output.request_id, None)  # a failed one is gone already
         return outputs + new
 
     def _admit_compiled(self) -> list[RequestOutput]:
@@ -202,7 +207,8 @@ class LLMEngine:
         del self.requests[request.request_id]
         request.error, request.forked = error, True
         for seq in request.sequences:
-            self._finish(seq, "abort")
+            if not seq.is_finished:
+                self._finish(seq, "abort")
         return self._output(request, request.sequences)
 
     def _fork_new_samples(self, due: list[tuple[int, Sequence]]) -> list[tuple[int, Sequence]]:
@@ -236,11 +242,16 @@ class LLMEngine:
             masks = ([i for i, _ in matchers], self.grammars.fill_bitmask([m for _, m in matchers]))
         sampled = self.sampler(logits, [self._sampling_row(seq) for _, seq in rows], masks)
         now = time.monotonic()
+        broken: dict[Request, str] = {}
         for i, (_, seq) in enumerate(rows):
-            if seq.matcher:
-                seq.matcher.accept(sampled.token_ids[i])
-            self._append_token(seq, sampled.token_ids[i], sampled.logprobs[i], sampled.top_logprobs[i], now)
-        return [self._output(request, seqs) for request, seqs in by_request(seq for _, seq in rows).items()]
+            token = sampled.token_ids[i]
+            if seq.matcher and (error := seq.matcher.error or seq.matcher.accept(token)):
+                broken.setdefault(seq.request, error)  # never sample on unconstrained
+                continue
+            self._append_token(seq, token, sampled.logprobs[i], sampled.top_logprobs[i], now)
+        failed = [self._fail(request, error) for request, error in broken.items()]
+        grouped = by_request(seq for _, seq in rows if seq.request not in broken)
+        return failed + [self._output(request, seqs) for request, seqs in grouped.items()]
 
     def _sampling_row(self, seq: Sequence) -> SamplingRow:
         request = seq.request

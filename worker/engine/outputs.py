@@ -58,7 +58,7 @@ class RequestOutput:
     finished: bool
     metrics: RequestMetrics
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
-    error: str | None = None  # why the request failed (a constraint that did not compile); finished
+    error: str | None = None  # why it failed (its constraint did not compile or gave up); finished
     seed: int | None = None  # the request's sampling seed (its own, or the one the engine chose): replays it
 
     def extend(self, delta: "RequestOutput") -> None:

@@ -1,0 +1,1 @@
+"""Files: uploads and a batch's output files (routes, queries, wire types)."""

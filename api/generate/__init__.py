@@ -1,0 +1,1 @@
+"""vLLM's classic POST /generate, a job underneath."""

@@ -1,0 +1,1 @@
+"""The operator's endpoints: /healthz, /readyz, /metrics."""

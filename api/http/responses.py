@@ -1,0 +1,37 @@
+"""What the OpenAPI document says a route may answer besides its success: shared by every router."""
+
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+
+class ErrorOut(BaseModel):
+    """Every error but 422."""
+
+    detail: str = Field(description="what is wrong")
+
+
+class Problem(BaseModel):
+    type: str = Field(description="a machine-readable kind, e.g. extra_forbidden, json_invalid")
+    loc: list[str | int] = Field(description='where: ["body", "max_tokens"], ["header", "Idempotency-Key"]')
+    msg: str = Field(description="what is wrong, for a person")
+
+
+class InvalidOut(BaseModel):
+    """A 422: one item per problem found in the request (FastAPI's shape, without the echoed input)."""
+
+    detail: list[Problem]
+
+
+Responses = dict[int | str, dict[str, Any]]
+
+INVALID: Responses = {422: {"model": InvalidOut, "description": "Invalid request"}}
+DATABASE_DOWN: Responses = {503: {"model": ErrorOut, "description": "The database is unavailable"}}
+
+
+def error(status: int, description: str) -> Responses:
+    return {status: {"model": ErrorOut, "description": description}}
+
+
+def not_found(what: str) -> Responses:
+    return error(404, f"No {what} has this id") | INVALID

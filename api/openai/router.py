@@ -1,0 +1,79 @@
+"""OpenAI's online API: ``/v1/chat/completions``, ``/v1/completions``, ``/v1/models``.
+
+Each request is an ordinary job underneath (persisted, queued by priority, visible in ``/v1/jobs``);
+the HTTP request waits on it, or streams it as Server-Sent Events in OpenAI's chunk format.
+"""
+
+import time
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Body, Request
+from fastapi.responses import JSONResponse, Response
+from fastapi.sse import EventSourceResponse
+
+from api.batches.lines import CHAT, COMPLETIONS
+from api.deps import ServiceDep
+from api.http.auth import CallerDep
+from api.http.caller import Caller
+from api.http.responses import INVALID
+from api.openai import online as openai_online
+from api.openai.online import OpenAIError
+
+router = APIRouter(prefix="/v1", tags=["openai"])
+STARTED = int(time.time())
+OpenAIBody = Annotated[
+    dict[str, Any], Body(description="OpenAI's request body; unsupported fields are a 400 that names them")
+]
+BAD_REQUEST = INVALID | {400: {"description": "Invalid request: `{error: {message, type, param, code}}`"}}
+UNKNOWN_MODEL = INVALID | {404: {"description": "No such model is served"}}
+
+
+@router.post(
+    "/chat/completions", summary="OpenAI chat completion, optionally streamed", responses=BAD_REQUEST
+)
+async def chat_completions(
+    body: OpenAIBody, request: Request, service: ServiceDep, caller: CallerDep
+) -> Response:
+    return await _complete(body, request, service, caller, CHAT)
+
+
+@router.post("/completions", summary="OpenAI text completion, optionally streamed", responses=BAD_REQUEST)
+async def completions(body: OpenAIBody, request: Request, service: ServiceDep, caller: CallerDep) -> Response:
+    return await _complete(body, request, service, caller, COMPLETIONS)
+
+
+async def _complete(
+    body: dict[str, Any], request: Request, service: ServiceDep, caller: Caller, endpoint: str
+) -> Response:
+    try:
+        spec, fills_context, stream, include_usage = openai_online.online_request(
+            body, endpoint, service.settings.served_model_name
+        )
+        job = await openai_online.submit(service, caller, spec, fills_context)
+        if stream:
+            chunks = openai_online.stream_chunks(service, job, endpoint, include_usage)
+            return EventSourceResponse(chunks)
+        finished = await openai_online.finished(service, job, request)
+        if finished is None:
+            return Response(status_code=499)  # the client is gone; nobody reads this
+        return JSONResponse(openai_online.response_body(finished, endpoint))
+    except OpenAIError as error:
+        return error.response()
+
+
+@router.get("/models", summary="The served model, as OpenAI lists models")
+def list_models(service: ServiceDep) -> dict[str, Any]:
+    return {"object": "list", "data": [_model(service.settings.served_model_name)]}
+
+
+@router.get("/models/{model_id}", summary="One model", responses=UNKNOWN_MODEL)
+def get_model(model_id: str, service: ServiceDep) -> Response:
+    served = service.settings.served_model_name
+    if model_id != served:
+        message = f"model {model_id!r} is not served here; this service serves {served!r}"
+        return OpenAIError(404, message, "model", "model_not_found").response()
+    return JSONResponse(_model(served))
+
+
+def _model(name: str) -> dict[str, Any]:
+    return {"id": name, "object": "model", "created": STARTED, "owned_by": "pagedq"}

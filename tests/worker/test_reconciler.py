@@ -1,0 +1,74 @@
+"""The reconciler's judgement of other workers (worker/reconciler.py), on the real PostgreSQL: after a
+database outage, when every heartbeat is stale, it requeues no job of a worker that beats again within a
+heartbeat timeout of the database's return; a worker that stays silent still loses its jobs."""
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import suppress
+
+import pytest
+from sqlalchemy.exc import OperationalError
+
+from core.db import make_db_engine, make_sessionmaker
+from core.settings import Settings
+from core.states import JobStatus
+from tests.support.roles import MODEL, add_job, database_away, row
+from tests.support.services import wait_for
+from worker.reconciler import Reconciler
+from worker.store import JobStore
+
+TIMEOUT = 2.0  # the heartbeat timeout
+
+
+@pytest.fixture
+def store(service_settings: Settings) -> Iterator[JobStore]:
+    engine = make_db_engine(service_settings)
+    yield JobStore(make_sessionmaker(engine), MODEL)
+    engine.dispose()
+
+
+def running_on(store: JobStore, worker_id: str) -> str:
+    job = store.claim(add_job(store), worker_id)
+    assert job is not None
+    store.heartbeat(worker_id, {})
+    return job.id
+
+
+def test_after_an_outage_only_workers_silent_for_a_timeout_of_connectivity_lose_their_jobs(
+    service_settings, store
+):
+    live, silent = running_on(store, "live"), running_on(store, "silent")
+    requeued: dict[str, float] = {}  # job id -> how long the reconciler had been connected
+    reconciler = Reconciler(
+        store, lambda job_id, _: requeued.update({job_id: connected()}), lambda *_: None, TIMEOUT, 60.0
+    )
+    connected = reconciler.connectivity.connected_for
+    stop = threading.Event()
+    rounds = threading.Thread(target=reconciler.run, args=(0.05, stop), daemon=True)
+    rounds.start()
+    try:
+        wait_for(lambda: connected() > 0, 10, "a first round")
+        with database_away(service_settings.database_url):
+            wait_for(lambda: connected() == 0, 10, "the reconciler to meet the outage")
+            time.sleep(TIMEOUT * 1.5)  # the outage outlasts the heartbeat timeout: every heartbeat is stale
+        # The database is back. The live worker, also just reconnected, beats within a heartbeat timeout.
+        wait_for(lambda: connected() > 0, 10, "the reconciler to reconnect")
+        beat_after = TIMEOUT / 3
+        wait_for(lambda: connected() >= beat_after, 10, "the live worker's first heartbeat to be due")
+        keep_beating = threading.Thread(target=beat, args=(store, "live", stop), daemon=True)
+        keep_beating.start()
+        wait_for(lambda: silent in requeued, 10 * TIMEOUT, "the silent worker's job to be requeued")
+    finally:
+        stop.set()
+        rounds.join(10)
+    assert requeued[silent] >= TIMEOUT, "judged before others could heartbeat"
+    assert live not in requeued, "a worker that beat again lost its job"
+    assert (row(store, live).status, row(store, live).attempt) == (JobStatus.RUNNING, 1)
+    assert row(store, silent).status == JobStatus.QUEUED
+
+
+def beat(store: JobStore, worker_id: str, stop: threading.Event) -> None:
+    while not stop.wait(TIMEOUT / 6):
+        with suppress(OperationalError):
+            store.heartbeat(worker_id, {})
