@@ -38,6 +38,11 @@ class EngineConfig:
     load_format: str = "safetensors"  # safetensors | dummy (random weights of the model's shapes: benchmarks)
     enforce_eager: bool = False  # True: no CUDA graphs for decode steps (CPU always runs eagerly)
     seed: int = 0  # the random weights' seed under load_format="dummy"
+    # A request's tokens do not depend on what shares its steps (batch, chunks, prefix hits, preemption):
+    # CPU float32 linears and attention run row by row in fixed-order kernels (worker/engine/model/
+    # cpu_linears.py). Decode steps cost about the same, long prefills more (bench/reproducibility.py).
+    # Not on GPU, nor with quantization="fp16".
+    batch_invariant: bool = True
     # A structured-output constraint still compiling after this many seconds fails its request only.
     grammar_compile_timeout: float = 10.0
 

@@ -115,8 +115,10 @@ def paged_attention(
 ) -> Tensor:
     """The reference's contract (``kernels.reference.paged_attention``). Decodes and short prefill chunks
     read their K/V blocks in place; longer prefills are gathered once and go through SDPA, whose
-    matmul-based attention is faster when many queries share the keys (the gather is then small)."""
+    matmul-based attention is faster when many queries share the keys (the gather is then small), unless
+    ``meta.batch_invariant``: then every row attends in place, as it would in a decode step."""
     reference.check_attention_shapes(query, k_cache, v_cache, meta)
+    max_query = meta.num_tokens if meta.batch_invariant else IN_PLACE_MAX_QUERY
     out = torch.ops.pagedq_cpu.paged_attention(
         query,
         k_cache,
@@ -125,9 +127,9 @@ def paged_attention(
         meta.query_start_loc,
         meta.seq_lens,
         scale,
-        IN_PLACE_MAX_QUERY,
+        max_query,
     )
-    long_prefills = [seq for seq in meta.prefills if seq.end - seq.start > IN_PLACE_MAX_QUERY]
+    long_prefills = [seq for seq in meta.prefills if seq.end - seq.start > max_query]
     if long_prefills:
         buffer = meta.gather_buffer(k_cache)
         for seq in long_prefills:
@@ -159,3 +161,9 @@ def quant_linear(x: Tensor, weights: list[Tensor], ggml_types: list[int], level:
 def quant_level() -> int:
     """The best ``quant_linear`` level this CPU runs (0 scalar, 1 AVX2, 2 AVX-512 VNNI)."""
     return torch.ops.pagedq_cpu.quant_level()
+
+
+def invariant_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """``F.linear`` on float32, each output the same bits whatever else is in ``x``'s batch (see the
+    kernel's comment)."""
+    return torch.ops.pagedq_cpu.invariant_linear(x, weight, bias)

@@ -6,9 +6,11 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <tuple>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #ifdef __AVX2__
@@ -402,6 +404,136 @@ at::Tensor rotate(at::Tensor x, const at::Tensor& cos_in, const at::Tensor& sin_
   return x;
 }
 
+
+// ---- The batch-invariant float32 linear: out[i][j] = dot(x_i, w_j) (+ bias[j]) ----
+// Every output element is the same sum whatever the number of rows, the tile a row falls in, the
+// thread that runs it or the instruction set: lane l of 16 accumulates k = l, l + 16, ... in order with
+// FMAs (the K % 16 tail included), then the 16 lanes add in one fixed tree. FMA rounds once, so the
+// AVX-512, AVX2 and scalar code give the same bits; only speed depends on the tile shape.
+
+constexpr int LANES = 16;
+
+inline float reduce16(const float* a) {  // ((a0 + a8) + ...) in a fixed order
+  float h[8];
+  for (int l = 0; l < 8; ++l) h[l] = a[l] + a[l + 8];
+  return ((h[0] + h[4]) + (h[2] + h[6])) + ((h[1] + h[5]) + (h[3] + h[7]));
+}
+
+// An R x C tile of outputs: rows x[0..R) (`xs` apart), weight rows w[0..C) (`ws` apart), K long.
+template <int R, int C>
+void linear_tile(const float* x, int64_t xs, const float* w, int64_t ws, int64_t K, float* out, int64_t os,
+                 const float* bias) {
+  alignas(64) float acc[R][C][LANES];
+  const int64_t body = K - K % LANES;
+#if defined(__AVX512F__)
+  __m512 a[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) a[r][c] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < body; k += LANES) {
+    __m512 wv[C];
+    for (int c = 0; c < C; ++c) wv[c] = _mm512_loadu_ps(w + c * ws + k);
+    for (int r = 0; r < R; ++r) {
+      const __m512 xv = _mm512_loadu_ps(x + r * xs + k);
+      for (int c = 0; c < C; ++c) a[r][c] = _mm512_fmadd_ps(xv, wv[c], a[r][c]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) _mm512_store_ps(acc[r][c], a[r][c]);
+#elif defined(__AVX2__)
+  __m256 lo[R][C], hi[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) lo[r][c] = hi[r][c] = _mm256_setzero_ps();
+  for (int64_t k = 0; k < body; k += LANES) {
+    __m256 wl[C], wh[C];
+    for (int c = 0; c < C; ++c) {
+      wl[c] = _mm256_loadu_ps(w + c * ws + k);
+      wh[c] = _mm256_loadu_ps(w + c * ws + k + 8);
+    }
+    for (int r = 0; r < R; ++r) {
+      const __m256 xl = _mm256_loadu_ps(x + r * xs + k), xh = _mm256_loadu_ps(x + r * xs + k + 8);
+      for (int c = 0; c < C; ++c) {
+        lo[r][c] = _mm256_fmadd_ps(xl, wl[c], lo[r][c]);
+        hi[r][c] = _mm256_fmadd_ps(xh, wh[c], hi[r][c]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) {
+      _mm256_store_ps(acc[r][c], lo[r][c]);
+      _mm256_store_ps(acc[r][c] + 8, hi[r][c]);
+    }
+#else
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c)
+      for (int l = 0; l < LANES; ++l) acc[r][c][l] = 0.f;
+  for (int64_t k = 0; k < body; k += LANES)
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < C; ++c)
+        for (int l = 0; l < LANES; ++l)
+          acc[r][c][l] = std::fma(x[r * xs + k + l], w[c * ws + k + l], acc[r][c][l]);
+#endif
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) {
+      for (int64_t k = body; k < K; ++k)
+        acc[r][c][k - body] = std::fma(x[r * xs + k], w[c * ws + k], acc[r][c][k - body]);
+      const float sum = reduce16(acc[r][c]);
+      out[r * os + c] = bias ? sum + bias[c] : sum;
+    }
+}
+
+#if defined(__AVX512F__)
+constexpr int TILE_R = 4, TILE_C = 4;
+#else
+constexpr int TILE_R = 2, TILE_C = 3;
+#endif
+using TileFn = void (*)(const float*, int64_t, const float*, int64_t, int64_t, float*, int64_t, const float*);
+
+template <int R, int... Cs>
+constexpr std::array<TileFn, sizeof...(Cs)> tile_row(std::integer_sequence<int, Cs...>) {
+  return {&linear_tile<R, Cs + 1>...};
+}
+
+template <int... Rs>
+constexpr std::array<std::array<TileFn, TILE_C>, sizeof...(Rs)> tile_table(std::integer_sequence<int, Rs...>) {
+  return {tile_row<Rs + 1>(std::make_integer_sequence<int, TILE_C>{})...};
+}
+
+// x [M, K], weight [N, K] (nn.Linear's), bias [N] or None, all float32: [M, N]. Work items are blocks of
+// 64 rows x 64 weight rows, so a block's weights stay in cache across its row tiles.
+at::Tensor invariant_linear(const at::Tensor& x_in, const at::Tensor& w_in, const c10::optional<at::Tensor>& bias_in) {
+  TORCH_CHECK(x_in.scalar_type() == at::kFloat && w_in.scalar_type() == at::kFloat, "float32 x and weight");
+  TORCH_CHECK(w_in.dim() == 2 && x_in.size(-1) == w_in.size(1), "x [.., K] and weight [N, K]");
+  const auto w = w_in.contiguous();
+  const int64_t K = w.size(1), N = w.size(0);
+  const auto x = x_in.reshape({-1, K}).contiguous();
+  const int64_t M = x.size(0);
+  at::Tensor bias;
+  if (bias_in.has_value()) bias = bias_in->to(at::kFloat).contiguous();
+  auto sizes = x_in.sizes().vec();
+  sizes.back() = N;
+  auto out = at::empty({M, N}, x.options());
+  static constexpr auto tiles = tile_table(std::make_integer_sequence<int, TILE_R>{});
+  constexpr int64_t BLOCK = 64;
+  const int64_t row_blocks = (M + BLOCK - 1) / BLOCK, col_blocks = (N + BLOCK - 1) / BLOCK;
+  const float *xp = x.data_ptr<float>(), *wp = w.data_ptr<float>();
+  const float* bp = bias.defined() ? bias.data_ptr<float>() : nullptr;
+  float* op = out.data_ptr<float>();
+  at::parallel_for(0, row_blocks * col_blocks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t r0 = item / col_blocks * BLOCK, c0 = item % col_blocks * BLOCK;
+      const int64_t r1 = std::min(M, r0 + BLOCK), c1 = std::min(N, c0 + BLOCK);
+      for (int64_t i = r0; i < r1; i += TILE_R) {
+        const int64_t rows = std::min<int64_t>(TILE_R, r1 - i);
+        for (int64_t j = c0; j < c1; j += TILE_C) {
+          const int64_t cols = std::min<int64_t>(TILE_C, c1 - j);
+          tiles[rows - 1][cols - 1](xp + i * K, K, wp + j * K, K, K, op + i * N + j, N, bp ? bp + j : nullptr);
+        }
+      }
+    }
+  });
+  return out.view(sizes);
+}
+
 }  // namespace
 
 TORCH_LIBRARY(pagedq_cpu, m) {
@@ -409,4 +541,5 @@ TORCH_LIBRARY(pagedq_cpu, m) {
   m.def("add_rms_norm", &add_rms_norm);
   m.def("silu_and_mul", &silu_and_mul);
   m.def("rotate", &rotate);
+  m.def("invariant_linear", &invariant_linear);
 }

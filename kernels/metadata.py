@@ -52,6 +52,9 @@ class AttentionMetadata:
     query_lens_cpu: list[int]
     seq_lens_cpu: list[int]
     block_size: int
+    # every query row attends in the same code, however many new tokens its sequence has this step, so
+    # its output is the same in a prefill chunk or a decode step (the CPU kernels' batch invariance)
+    batch_invariant: bool = False
     _buffers: dict[tuple, Tensor] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:

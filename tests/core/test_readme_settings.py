@@ -92,6 +92,7 @@ ENGINE_VARIABLES = {
     "load_format": "dummy",
     "enforce_eager": "true",
     "seed": "7",
+    "batch_invariant": "false",
     "grammar_compile_timeout": "2.5",
 }
 

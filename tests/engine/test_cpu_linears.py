@@ -1,5 +1,6 @@
-"""CPU float32 linears run on oneDNN's private ops only once these are seen to work: tried on a tiny
-tensor at start, and where they fail or disagree with ``F.linear``, the model keeps ``nn.Linear``."""
+"""CPU float32 linears: the batch-invariant C++ kernel by default; with ``batch_invariant=False`` oneDNN's
+private ops, only once these are seen to work: tried on a tiny tensor at start, and where they fail or
+disagree with ``F.linear``, the model keeps ``nn.Linear``."""
 
 import logging
 from collections.abc import Callable, Iterator
@@ -44,9 +45,11 @@ def test_the_model_keeps_f_linear_when_the_onednn_ops_misbehave(
 ) -> None:
     monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", op)
     with caplog.at_level(logging.WARNING, logger="pagedq.engine"):
-        llm = LLM(str(tiny_llama), device="cpu", kv_cache_bytes=4 << 20)
+        llm = LLM(str(tiny_llama), device="cpu", kv_cache_bytes=4 << 20, batch_invariant=False)
         [out] = llm.generate(["The quick brown fox"], SamplingParams(temperature=0.0, max_tokens=4))
-        LLM(str(tiny_llama), device="cpu", kv_cache_bytes=4 << 20)  # a second model: tried once per process
+        LLM(
+            str(tiny_llama), device="cpu", kv_cache_bytes=4 << 20, batch_invariant=False
+        )  # a second model: tried once per process
     assert "Linear" in kinds(llm) and "OneDNNLinear" not in kinds(llm)
     assert out.outputs[0].token_ids
     [warning] = [r for r in caplog.records if "oneDNN" in r.getMessage()]
@@ -56,7 +59,14 @@ def test_the_model_keeps_f_linear_when_the_onednn_ops_misbehave(
 
 def test_the_onednn_ops_are_used_where_they_work(tiny_llama: Path) -> None:
     assert cpu_linears.onednn_works()
-    assert "OneDNNLinear" in kinds(LLM(str(tiny_llama), device="cpu", kv_cache_bytes=4 << 20))
+    llm = LLM(str(tiny_llama), device="cpu", kv_cache_bytes=4 << 20, batch_invariant=False)
+    assert "OneDNNLinear" in kinds(llm) and not llm.engine.runner.batch_invariant
+
+
+def test_the_batch_invariant_kernel_is_the_default(tiny_llama: Path) -> None:
+    llm = LLM(str(tiny_llama), device="cpu", kv_cache_bytes=4 << 20)
+    assert kinds(llm) >= {"InvariantLinear"} and not kinds(llm) & {"Linear", "OneDNNLinear"}
+    assert llm.engine.runner.batch_invariant
 
 
 def test_a_misbehaving_post_op_keeps_f_linear_too(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -120,11 +120,11 @@ def test_bfloat16_stays_close_to_transformers_in_bfloat16(tiny_llama: Path) -> N
     assert agreeing >= 6  # bfloat16 rounding may flip a near-tie, not most choices
 
 
-def test_cpu_float32_linears_run_on_packed_weights(tiny_llama: Path) -> None:
-    """The parity tests above run on oneDNN-packed weights, not on nn.Linear."""
+def test_cpu_float32_linears_run_on_the_batch_invariant_kernel(tiny_llama: Path) -> None:
+    """The parity tests above run on the batch-invariant C++ linears (the default), not on nn.Linear."""
     model = LLM(str(tiny_llama), kv_cache_bytes=8 << 20).engine.runner.model
     kinds = {type(m).__name__ for m in model.modules() if not list(m.children())}
-    assert "OneDNNLinear" in kinds and "Linear" not in kinds, kinds
+    assert "InvariantLinear" in kinds and "Linear" not in kinds, kinds
     assert model.embed_tokens.weight.dtype == torch.float32
 
 

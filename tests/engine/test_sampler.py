@@ -1,5 +1,7 @@
 """The batched sampler: greedy, filters, penalties, min_tokens, seeding, frequencies and logprobs."""
 
+import bisect
+import itertools
 import math
 from collections import Counter
 
@@ -7,11 +9,13 @@ import pytest
 import torch
 
 from contract.sampling import SamplingParams
+from worker.engine.draws import uniform
 from worker.engine.sampler import Sampler, SamplingRow, apply_min_tokens, apply_penalties
 
 pytestmark = pytest.mark.fast
 
 sampler = Sampler()
+_seeds = itertools.count(10_000)
 
 
 def make_row(
@@ -21,8 +25,8 @@ def make_row(
     **params: object,
 ) -> SamplingRow:
     p = SamplingParams(**params)  # type: ignore[arg-type]
-    gen = None if p.seed is None else torch.Generator().manual_seed(p.seed)
-    return SamplingRow(p, gen, prompt or [], output or [], eos or [])
+    seed = next(_seeds) if p.seed is None else p.seed  # as the engine does: a seed for every row
+    return SamplingRow(p, seed, prompt or [], output or [], eos or [])
 
 
 def support(
@@ -131,10 +135,10 @@ def test_min_tokens_blocks_eos_and_stop_ids() -> None:
 def seeded_tokens(seed: int, position: int, others: list[SamplingRow], logits: torch.Tensor) -> list[int]:
     """Ten steps of one seeded row at ``position`` among ``others`` (whose logits are random)."""
     torch.manual_seed(position)
-    target = make_row(seed=seed, temperature=0.9, top_p=0.95)
-    rows = [*others[:position], target, *others[position:]]
-    tokens = []
+    tokens: list[int] = []
     for _ in range(10):
+        target = make_row([5, 6], list(tokens), seed=seed, temperature=0.9, top_p=0.95)
+        rows = [*others[:position], target, *others[position:]]
         x = torch.randn(len(rows), logits.shape[0]) * 2
         x[position] = logits
         tokens.append(sampler(x, rows).token_ids[position])
@@ -154,6 +158,29 @@ def test_seeded_row_is_independent_of_batch_and_position() -> None:
     assert seeded_tokens(1234, 3, others, logits) == alone
     assert seeded_tokens(1234, 0, others[:2], logits) == alone
     assert seeded_tokens(4321, 0, [], logits) != alone
+    assert len(set(alone)) > 1  # the draws move with the position
+
+
+def test_draws_depend_only_on_seed_choice_and_position() -> None:
+    draws = {(s, c, p): uniform(s, c, p) for s in (0, 1, 2**63 - 1) for c in (0, 1, 15) for p in (0, 1, 4096)}
+    assert all(0.0 <= u < 1.0 for u in draws.values())
+    assert len(set(draws.values())) == len(draws)  # every coordinate moves the draw
+    assert all(uniform(*key) == u for key, u in draws.items())  # and nothing else does
+    # pinned: a replay on a later version must draw what the first run drew
+    assert (uniform(7, 0, 3), uniform(7, 1, 3)) == (0.4059499273594408, 0.6922777923197253)
+
+
+def test_a_row_samples_from_its_draw_by_inverse_cdf() -> None:
+    """Probabilities 0.5, 0.3, 0.2: a draw below 0.5 picks token 0, then 1 up to 0.8, then 2; the choice and
+    the position pick the draw."""
+    logits = torch.tensor([0.5, 0.3, 0.2]).log()
+    for choice in range(3):
+        for position in range(3, 40):
+            row = make_row([1, 2, 3], [4] * (position - 3), seed=11, temperature=1.0)
+            row.choice = choice
+            u = uniform(11, choice, position)
+            if min(abs(u - 0.5), abs(u - 0.8)) > 1e-6:  # not a rounding away from the other token
+                assert sampler(logits.unsqueeze(0), [row]).token_ids == [bisect.bisect([0.5, 0.8], u)]
 
 
 @pytest.mark.parametrize("seeded", [False, True])

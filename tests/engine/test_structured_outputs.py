@@ -299,8 +299,8 @@ def test_the_bitmask_refuses_tokens_in_its_rows_only() -> None:
     bitmask[0, 0] = 1 << 5  # row 0: tokens 5 and 69 (word 2, bit 5)
     bitmask[0, 2] = 1 << 5
     bitmask[1, 1] = 1 << 1  # row 2: token 33
-    greedy = SamplingRow(SamplingParams(temperature=0.0), None, [1], [], [0])
-    hot = SamplingRow(SamplingParams(temperature=5.0, seed=1), torch.Generator().manual_seed(1), [1], [], [0])
+    greedy = SamplingRow(SamplingParams(temperature=0.0), 0, [1], [], [0])
+    hot = SamplingRow(SamplingParams(temperature=5.0, seed=1), 1, [1], [], [0])
     tokens = Sampler()(logits, [greedy, greedy, hot], ([0, 2], bitmask)).token_ids
     assert tokens[0] == (5 if logits[0, 5] > logits[0, 69] else 69)
     assert tokens[1] == int(logits[1].argmax()) and tokens[2] == 33

@@ -137,3 +137,16 @@ def test_a_lock_left_by_a_killed_build_does_not_block_the_next():
     loader.start()
     loader.join(120)
     assert not loader.is_alive() and kernels.cpu.available()
+
+
+@pytest.mark.parametrize(("k", "n", "bias"), [(64, 96, False), (37, 70, True), (576, 130, False)])
+def test_invariant_linear_rows_do_not_depend_on_their_batch(k, n, bias):
+    """Within float32 rounding of ``F.linear``, and each row the same bits in any batch it is part of (K
+    not a multiple of 16 exercises the tail; 130 rows cross a 64-row block)."""
+    gen = torch.Generator().manual_seed(k)
+    x, w = torch.randn(130, k, generator=gen), torch.randn(n, k, generator=gen)
+    b = torch.randn(n, generator=gen) if bias else None
+    out = kernels.cpu.invariant_linear(x, w, b)
+    torch.testing.assert_close(out, torch.nn.functional.linear(x, w, b), rtol=1e-5, atol=1e-4)
+    for rows in (slice(0, 1), slice(5, 6), slice(3, 10), slice(60, 130), slice(127, 130)):
+        assert torch.equal(kernels.cpu.invariant_linear(x[rows], w, b), out[rows])

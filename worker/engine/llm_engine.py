@@ -1,5 +1,6 @@
 """The step-level engine: add requests, run one scheduling step at a time, hand out what is new."""
 
+import copy
 import logging
 import time
 from concurrent.futures import FIRST_COMPLETED, wait
@@ -15,6 +16,7 @@ from worker.engine.beam_search import BeamSearcher
 from worker.engine.block_manager import BlockManager
 from worker.engine.default_model import resolve_model
 from worker.engine.detokenizer import IncrementalDetokenizer
+from worker.engine.draws import new_seed
 from worker.engine.grammar import Grammars
 from worker.engine.model.model_config import ModelConfig
 from worker.engine.model_runner import ModelRunner
@@ -89,6 +91,9 @@ class LLMEngine:
     ) -> None:
         """Queue a request. Raises ValueError at once when it can never be served."""
         params = params or SamplingParams()
+        if params.seed is None:  # every request samples from a seed, reported in its outputs for replays
+            params = copy.copy(params)  # not the caller's; replace() would validate it again
+            params.seed = new_seed()
         if request_id in self.requests:
             raise ValueError(f"request {request_id!r} already exists")
         token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
@@ -129,10 +134,6 @@ class LLMEngine:
 
     def _new_sequence(self, request: Request, index: int, token_ids: list[int] | None = None) -> Sequence:
         seq = Sequence(request, index, list(token_ids or request.prompt_token_ids))
-        seed = request.params.seed
-        if seed is not None:
-            seed = seed if index == 0 else hash((seed, index)) & (2**63 - 1)
-            seq.generator = torch.Generator(device=self.runner.device).manual_seed(seed)
         seq.detokenizer = IncrementalDetokenizer(
             self.tokenizer.backend_tokenizer, request.prompt_token_ids, request.params
         )
@@ -273,8 +274,15 @@ class LLMEngine:
 
     def _sampling_row(self, seq: Sequence) -> SamplingRow:
         request = seq.request
+        seed = request.params.seed
+        assert seed is not None  # add_request chose one
         return SamplingRow(
-            request.params, seq.generator, request.prompt_token_ids, seq.output_token_ids, self.eos_token_ids
+            request.params,
+            seed,
+            request.prompt_token_ids,
+            seq.output_token_ids,
+            self.eos_token_ids,
+            seq.index,
         )
 
     def _append_token(

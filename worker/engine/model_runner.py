@@ -75,7 +75,14 @@ class ModelRunner:
             config.load_format,
             config.quantization,
             config.seed,
+            config.batch_invariant,
         )
+        self.batch_invariant = self.model.batch_invariant
+        if config.batch_invariant and not self.batch_invariant:
+            logger.warning(
+                "batch_invariant asked for, but it needs float32 on CPU with the C++ kernels and no "
+                "quantization: a request's tokens may depend on its batch"
+            )
         self.num_blocks = self._num_kv_blocks(model_config)
         self.kv_caches = self._allocate_kv_cache(model_config)
         self.graphs = self._capture_decode_graphs()
@@ -223,6 +230,7 @@ class ModelRunner:
             query_lens_cpu=list(batch.num_new_tokens),
             seq_lens_cpu=seq_lens,
             block_size=bs,
+            batch_invariant=self.batch_invariant,
         )
         return StepInputs(
             self._tensor(input_ids), self._tensor(positions), meta, self._tensor(logits_indices)

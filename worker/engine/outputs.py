@@ -62,6 +62,7 @@ class RequestOutput:
     metrics: RequestMetrics
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
     error: str | None = None  # why it failed (its constraint did not compile or gave up); finished
+    seed: int | None = None  # the request's sampling seed (its own, or the one the engine chose): replays it
 
     def extend(self, delta: "RequestOutput") -> None:
         """Fold an incremental output from ``LLMEngine.step`` into this accumulated one."""
@@ -77,6 +78,7 @@ class RequestOutput:
         self.metrics = replace(delta.metrics, token_times=self.metrics.token_times)
         self.num_cached_tokens = delta.num_cached_tokens
         self.error = delta.error
+        self.seed = delta.seed
 
 
 @dataclass

@@ -2,6 +2,8 @@
 
 Every stage works on the whole batch at once with per-row parameter tensors, and a stage no row needs is
 skipped. The only host synchronisation is the final ``.tolist()`` that brings back tokens and logprobs.
+Every stage is row by row, so a row's token depends on its own logits, parameters and draw only: a
+sampled row draws by inverse CDF from ``draws.uniform(seed, choice, position)``, not from a shared stream.
 """
 
 from collections.abc import Sequence
@@ -11,10 +13,10 @@ from itertools import chain
 import torch
 
 from contract.sampling import SamplingParams
+from worker.engine.draws import uniform
 from worker.engine.outputs import TokenLogprobs
 
 _MIN_TEMPERATURE = 1e-5  # keeps logits / temperature finite for tiny non-zero temperatures
-_TINY = torch.finfo(torch.float32).tiny
 
 
 @dataclass
@@ -22,10 +24,16 @@ class SamplingRow:
     """One row of the logits: the sequence to sample a token for."""
 
     params: SamplingParams
-    generator: torch.Generator | None  # the sequence's own generator, when params.seed is set
+    seed: int  # the request's (params.seed, or the one the engine chose)
     prompt_token_ids: list[int]
     output_token_ids: list[int]
     eos_token_ids: list[int]
+    choice: int = 0  # which of the request's n samples
+
+    @property
+    def draw(self) -> float:
+        """This row's uniform draw: a function of the seed, the choice and the position sampled."""
+        return uniform(self.seed, self.choice, len(self.prompt_token_ids) + len(self.output_token_ids))
 
 
 @dataclass
@@ -123,7 +131,7 @@ def _top_k_top_p(x: torch.Tensor, k: torch.Tensor, p: torch.Tensor, max_k: int, 
     if not use_p:
         # top_k only: a partial top-k is much cheaper than sorting the whole vocabulary
         return x.masked_fill(_kth_mask(x, x.topk(max_k, dim=-1).values, k), float("-inf"))
-    desc, order = x.sort(dim=-1, descending=True)
+    desc, order = x.sort(dim=-1, descending=True, stable=True)
     if max_k:
         desc = desc.masked_fill(_kth_mask(desc, desc, k), float("-inf"))
     probs = desc.softmax(dim=-1)
@@ -157,15 +165,11 @@ def _sample(x: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
     if any(p.min_p > 0.0 for p in params):
         # p < min_p * p_max  <=>  logit < max_logit + log(min_p); log(0) = -inf masks nothing
         x = x.masked_fill(x < x.amax(dim=-1, keepdim=True) + cfg[:, 3:].log(), float("-inf"))
-    # Gumbel-max (exponential race): argmax(x - log q), q ~ Exp(1). Seeded rows draw q from their own
-    # generator so their tokens do not depend on the rest of the batch.
-    q = torch.empty_like(x)
-    if any(r.generator is None for r in rows):
-        q.exponential_()
-    for i, r in enumerate(rows):
-        if r.generator is not None:
-            q[i].exponential_(generator=r.generator)
-    return (x - q.clamp_min_(_TINY).log_()).argmax(dim=-1)
+    # Inverse CDF: the first token whose cumulative probability passes the row's draw times the row's
+    # total (float64 sums, so the total's rounding cannot push the draw past the last token).
+    cdf = x.softmax(dim=-1).double().cumsum(dim=-1)
+    draws = _to_device([r.draw for r in rows], torch.float64, x.device).unsqueeze(1) * cdf[:, -1:]
+    return torch.searchsorted(cdf, draws, right=True).squeeze(1).clamp_max_(vocab - 1)
 
 
 class Sampler:

@@ -7,8 +7,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-import torch
-
 from contract.sampling import SamplingParams
 from worker.engine.detokenizer import IncrementalDetokenizer
 from worker.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput, TokenLogprobs
@@ -32,7 +30,6 @@ class Sequence:
     request: "Request"
     index: int  # which of the request's n samples
     token_ids: list[int]
-    generator: torch.Generator | None = None
     status: SequenceStatus = SequenceStatus.WAITING
     block_table: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0  # tokens whose K/V are in the cache
@@ -123,6 +120,7 @@ class Request:
             metrics=replace(self.metrics, token_times=new_times),
             num_cached_tokens=self.num_cached_tokens,
             error=self.error,
+            seed=self.params.seed,
         )
 
 

@@ -1,8 +1,13 @@
 """How the linear layers run on CPU: their weights repacked once at load, for the GEMM kernels that
 suit a decode step's few rows.
 
-- float32 (the default): oneDNN's blocked layout, through the op that torch's inductor uses for frozen
-  CPU linears. The sums are float32 in a different order, so outputs differ from ``F.linear``'s in the
+- float32, batch-invariant (the default, ``EngineConfig.batch_invariant``): the C++ kernel
+  ``kernels.cpu.invariant_linear``, whose every output is one fixed-order sum, the same bits whatever
+  else the step holds: a prefill chunk, a decode step or a recompute give a row the same result, so a
+  request's tokens do not depend on its batch. Its weights stay as they are (no copy).
+- float32, ``batch_invariant=False``: oneDNN's blocked layout, through the op that torch's inductor
+  uses for frozen CPU linears (it picks its blocking by row count: a row's bits change with its batch).
+  The sums are float32 in a different order, so outputs differ from ``F.linear``'s in the
   last bits only, while steps of 1-16 rows run 1.3-3x faster and the vocabulary projection about 2x.
 - ``quantization="fp16"``: float16 weights in fbgemm's packed layout (the kernels behind torch's dynamic
   quantization), widened to float32 inside the GEMM, which computes in float32: half the bytes, outputs
@@ -22,6 +27,8 @@ import logging
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from kernels import backend_for, cpu
 
 logger = logging.getLogger("pagedq.engine")
 
@@ -44,6 +51,18 @@ class OneDNNLinear(nn.Module):
     def add(self, x: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
         """``self(x) + other``, as one oneDNN post-op."""
         return torch.ops.mkldnn._linear_pointwise.binary(x, other, self.packed, self.bias, "add")
+
+
+class InvariantLinear(nn.Module):
+    """``nn.Linear`` whose rows' outputs never depend on the other rows (``cpu.invariant_linear``)."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        self.weight = linear.weight.detach()
+        self.bias = None if linear.bias is None else linear.bias.detach()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return cpu.invariant_linear(x, self.weight, self.bias)
 
 
 class Fp16Linear(nn.Module):
@@ -105,16 +124,29 @@ def _fall_back(reason: str) -> bool:
     return False
 
 
-def pack_linears(model: nn.Module, quantization: str, device: torch.device) -> None:
-    """Repacks ``model``'s linears in place for the CPU (see the module's docstring)."""
+def pack_linears(
+    model: nn.Module, quantization: str, device: torch.device, batch_invariant: bool = False
+) -> bool:
+    """Repacks ``model``'s linears in place for the CPU (see the module's docstring). Returns whether
+    they are batch-invariant (asked for, float32 on CPU, and the C++ kernels built)."""
     dtype = next(model.parameters()).dtype
     if quantization != "none" and (device.type != "cpu" or dtype != torch.float32):
         raise ValueError(
             f"quantization={quantization!r} packs float32 weights on CPU, not {dtype} on {device}"
         )
-    if device.type != "cpu" or dtype != torch.float32 or (quantization == "none" and not onednn_works()):
-        return
-    packed = Fp16Linear if quantization == "fp16" else OneDNNLinear
+    if device.type != "cpu" or dtype != torch.float32:
+        return False
+    invariant = batch_invariant and quantization == "none" and backend_for(device) == "cpu"
+    if invariant:
+        _replace_linears(model, InvariantLinear)
+    elif quantization == "fp16":
+        _replace_linears(model, Fp16Linear)
+    elif onednn_works():
+        _replace_linears(model, OneDNNLinear)
+    return invariant
+
+
+def _replace_linears(model: nn.Module, packed: type[nn.Module]) -> None:
     for parent in list(model.modules()):
         for name, child in parent.named_children():
             if isinstance(child, nn.Linear):

@@ -112,6 +112,7 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
+        self.batch_invariant = False  # whether a row's outputs do not depend on its batch (set at load)
 
     def forward(
         self,

@@ -32,8 +32,10 @@ def load_model(
     load_format: str,
     quantization: str = "none",
     seed: int = 0,
+    batch_invariant: bool = False,
 ) -> LlamaForCausalLM:
-    """The model, filled and with its linears packed for the device (``cpu_linears.pack_linears``)."""
+    """The model, filled and with its linears packed for the device (``cpu_linears.pack_linears``); its
+    ``batch_invariant`` says whether they came out batch-invariant."""
     if quantization == "gguf":
         return load_gguf(config, max_positions, dtype, device, load_format)
     default_dtype = torch.get_default_dtype()
@@ -48,7 +50,7 @@ def load_model(
         fill_random(model, seed)
     else:
         fill_from_safetensors(model, config)
-    pack_linears(model, quantization, device)
+    model.batch_invariant = pack_linears(model, quantization, device, batch_invariant)
     return model.eval().requires_grad_(False)
 
 
