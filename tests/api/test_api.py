@@ -341,6 +341,7 @@ def test_job_reports_output_usage_and_timings(client: TestClient, db: sessionmak
         finish_reason="length",
         completion_tokens=4,
         cached_tokens=3,
+        engine_ms=12.5,
         started_at=queued_at + timedelta(milliseconds=100),
         first_token_at=queued_at + timedelta(milliseconds=150),
         finished_at=queued_at + timedelta(milliseconds=400),
@@ -360,6 +361,7 @@ def test_job_reports_output_usage_and_timings(client: TestClient, db: sessionmak
         "completion_tokens": 4,
         "cached_tokens": 3,
         "total_tokens": prompt_tokens + 4,
+        "engine_ms": 12.5,
     }
     timings = body["timings"]
     assert timings["queue_time_ms"] == pytest.approx(100)
