@@ -5,6 +5,11 @@ name and default)."""
 from dataclasses import dataclass
 
 DEFAULT_MODEL = "smollm2-135m-instruct"  # the built-in model (worker/engine/default_model.py)
+DEFAULT_EMBED_MODEL = "all-minilm-l6-v2"  # the built-in embedding model (worker/engine/minilm.py)
+# An embedding step's token budget when none is given (LLM(kind="embed")): no stream waits on an embedding
+# step, and all-MiniLM-L6-v2 on 2,000 texts of 10-250 tokens ran 4096 fastest of 2048/4096/8192 (1.3-1.4x
+# 2048's texts/s; larger steps' activations outgrow the CPU caches). bench/embeddings.py --budgets.
+EMBED_MAX_NUM_BATCHED_TOKENS = 4096
 
 
 @dataclass
@@ -12,8 +17,10 @@ class EngineConfig:
     model: str = DEFAULT_MODEL
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16
     # fp16: CPU linears on float16 weights (worker/engine/model/cpu_linears.py): about twice as fast a
-    # decode step, within about 2e-4 of float32 but not token for token. float32 weights stay the default.
-    quantization: str = "none"  # none | fp16
+    # decode step, within about 2e-4 of float32 but not token for token. gguf: the weights of the model's
+    # .gguf file kept in their block formats, run by the CPU's quantized kernels (worker/engine/model/
+    # gguf_loader.py). float32 weights stay the default.
+    quantization: str = "none"  # none | fp16 | gguf
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     block_size: int = 16
     # Seats are cheap: a waiting or short sequence holds only the KV blocks it fills, and a full pool
@@ -45,7 +52,7 @@ class EngineConfig:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.load_format not in ("safetensors", "dummy"):
             raise ValueError(f"load_format must be 'safetensors' or 'dummy', got {self.load_format!r}")
-        if self.quantization not in ("none", "fp16"):
-            raise ValueError(f"quantization must be 'none' or 'fp16', got {self.quantization!r}")
+        if self.quantization not in ("none", "fp16", "gguf"):
+            raise ValueError(f"quantization must be 'none', 'fp16' or 'gguf', got {self.quantization!r}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")

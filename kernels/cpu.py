@@ -1,4 +1,5 @@
-"""The CPU kernels (``kernels/cpu_kernels.cpp``): built on first use with torch's cpp_extension, once per
+"""The CPU kernels (``kernels/cpu_kernels.cpp``, and ``kernels/cpu_quant_kernels.cpp`` for GGUF-quantized
+weights): built on first use with torch's cpp_extension, once per
 machine, and loaded as ``torch.ops.pagedq_cpu``; ``available()`` is False (and says why once, in the
 log) when they cannot be built, and the dispatcher then runs the torch reference.
 
@@ -25,7 +26,7 @@ from kernels.metadata import AttentionMetadata
 
 logger = logging.getLogger("pagedq.kernels")
 
-SOURCE = Path(__file__).with_name("cpu_kernels.cpp")
+SOURCES = [Path(__file__).with_name(name) for name in ("cpu_kernels.cpp", "cpu_quant_kernels.cpp")]
 DIR_ENV = "PAGEDQ_CPU_KERNELS_DIR"
 # Sequences with at most this many new tokens attend in the C++ kernel; longer prefills use SDPA.
 IN_PLACE_MAX_QUERY = 16
@@ -41,9 +42,8 @@ def cpu_flags() -> str:
 
 
 def build_key() -> str:
-    return hashlib.sha256(f"{SOURCE.read_bytes()!r}{torch.__version__}{cpu_flags()}".encode()).hexdigest()[
-        :16
-    ]
+    sources = b"".join(source.read_bytes() for source in SOURCES)
+    return hashlib.sha256(f"{sources!r}{torch.__version__}{cpu_flags()}".encode()).hexdigest()[:16]
 
 
 def build_dir() -> Path:
@@ -76,7 +76,7 @@ def available() -> bool:
             (where / "lock").unlink(missing_ok=True)
             cpp_extension.load(
                 name=f"pagedq_cpu_kernels_{build_key()}",  # one name per source: reloading it is a no-op
-                sources=[str(SOURCE)],
+                sources=[str(source) for source in SOURCES],
                 extra_cflags=CFLAGS,
                 extra_ldflags=["-fopenmp"],
                 build_directory=str(where),
@@ -134,3 +134,15 @@ def silu_and_mul(x: Tensor) -> Tensor:
 def rotate(x: Tensor, cos: Tensor, signed_sin: Tensor) -> Tensor:
     """Rotates ``x`` in place and returns it."""
     return torch.ops.pagedq_cpu.rotate(x, cos, signed_sin)
+
+
+def quant_linear(x: Tensor, weights: list[Tensor], ggml_types: list[int], level: int = -1) -> Tensor:
+    """``x`` (float32 ``[M, K]``) times GGUF-quantized weights side by side (``uint8 [N_i, row_bytes]``
+    each): ``[M, sum N_i]``. ``level``: 0 scalar, 1 AVX2, 2 AVX-512 VNNI, -1 the best this CPU runs; every
+    level returns the same bits."""
+    return torch.ops.pagedq_cpu.quant_linear(x, weights, ggml_types, level)
+
+
+def quant_level() -> int:
+    """The best ``quant_linear`` level this CPU runs (0 scalar, 1 AVX2, 2 AVX-512 VNNI)."""
+    return torch.ops.pagedq_cpu.quant_level()

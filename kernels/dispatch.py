@@ -18,7 +18,7 @@ import os
 import torch
 from torch import Tensor
 
-from kernels import cpu, reference
+from kernels import cpu, quant_reference, reference
 from kernels.metadata import AttentionMetadata
 
 logger = logging.getLogger("pagedq.kernels")
@@ -113,3 +113,14 @@ def rotate(x: Tensor, cos: Tensor, signed_sin: Tensor) -> Tensor:
     if backend_for(x.device) == "cpu":
         return cpu.rotate(x, cos, signed_sin)
     return reference.rotate(x, cos, signed_sin)
+
+
+def quant_linear(x: Tensor, weights: list[Tensor], type_names: list[str]) -> Tensor:
+    """``x`` (float32 ``[M, K]``) times GGUF-quantized weights side by side: ``[M, sum N_i]``. The C++
+    kernel quantizes the activations per 32-value block; the reference de-quantizes the weights a few
+    thousand rows at a time and multiplies in float32."""
+    if backend_for(x.device) == "cpu":
+        types = [quant_reference.TYPES[name].ggml_type for name in type_names]
+        return cpu.quant_linear(x, weights, types)
+    parts = [quant_reference.linear(x, w, name) for w, name in zip(weights, type_names, strict=True)]
+    return torch.cat(parts, dim=-1)

@@ -59,15 +59,20 @@ def register_probe_queue(app: Celery, reconciler: Reconciler, turns: threading.S
 
 
 def engine_facts(engine: LLMEngine) -> dict[str, Any]:
-    """What a person starting the service wants to see: where the model runs and how much KV it holds."""
+    """What a person starting the service wants to see: where the model runs, on which kernels, in which
+    weight types (GGUF's, with their bytes), and how much KV it holds."""
     runner = engine.runner
-    return {
+    facts = {
         "device": str(runner.device),
         "dtype": str(runner.dtype).removeprefix("torch."),
+        "kernels": runner.kernel_backend,
         "kv_cache_blocks": runner.num_blocks,
         "kv_cache_bytes": runner.kv_cache_bytes,
         "max_model_len": engine.max_model_len,
     }
+    if weights := runner.weight_types:
+        facts["weight_bytes"] = weights
+    return facts
 
 
 def run_worker(settings: Settings, ready_fd: int | None = None) -> None:

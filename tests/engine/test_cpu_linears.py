@@ -57,3 +57,19 @@ def test_the_model_keeps_f_linear_when_the_onednn_ops_misbehave(
 def test_the_onednn_ops_are_used_where_they_work(tiny_llama: Path) -> None:
     assert cpu_linears.onednn_works()
     assert "OneDNNLinear" in kinds(LLM(str(tiny_llama), device="cpu", kv_cache_bytes=4 << 20))
+
+
+def test_a_misbehaving_post_op_keeps_f_linear_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The encoder's fused GELU and residual add are tried with the plain op."""
+    monkeypatch.setattr(cpu_linears.OneDNNLinear, "gelu", lambda self, x: torch.nn.functional.relu(self(x)))
+    assert not cpu_linears.onednn_works()
+
+
+def test_fused_post_ops_equal_their_unfused_forms() -> None:
+    linear = torch.nn.Linear(32, 48)
+    x, other = torch.randn(5, 32), torch.randn(5, 48)
+    packed = cpu_linears.OneDNNLinear(linear)
+    with torch.inference_mode():
+        torch.testing.assert_close(cpu_linears.linear_gelu(packed, x), torch.nn.functional.gelu(linear(x)))
+        torch.testing.assert_close(cpu_linears.linear_add(packed, x, other), linear(x) + other)
+        assert torch.equal(cpu_linears.linear_add(linear, x, other), linear(x) + other)

@@ -7,7 +7,15 @@ import pytest
 from safetensors import safe_open
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from worker.engine.default_model import DEFAULT_MODEL, default_cache_dir, ensure_default_model, resolve_model
+from worker.engine.default_model import (
+    DEFAULT_MODEL,
+    GGUF_NAME,
+    default_cache_dir,
+    ensure_default_gguf,
+    ensure_default_model,
+    resolve_model,
+)
+from worker.engine.model.gguf_file import GGUFFile
 
 FILES = ["config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"]
 FILES += ["chat_template.jinja", "model.safetensors"]
@@ -45,6 +53,17 @@ def test_weights_cover_every_parameter(model_dir: Path) -> None:
         shapes = {key: tuple(f.get_slice(key).get_shape()) for key in f.keys()}  # noqa: SIM118
     params = {name: tuple(p.shape) for name, p in model.named_parameters()}  # tied lm_head listed once
     assert shapes == params
+
+
+@pytest.mark.slow
+def test_the_gguf_file_is_kept_beside_the_build(model_dir: Path) -> None:
+    """What ``quantization="gguf"`` serves; a directory built before it was kept there gets it again."""
+    path = ensure_default_gguf()
+    assert path == model_dir / GGUF_NAME
+    assert resolve_model(DEFAULT_MODEL, gguf=True) == model_dir
+    tensors = GGUFFile.open(path).tensors
+    assert tensors["blk.0.ffn_up.weight"].type.name == "Q4_1"
+    assert tensors["token_embd.weight"].type.name == "Q8_0"
 
 
 @pytest.mark.slow

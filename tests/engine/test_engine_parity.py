@@ -144,7 +144,7 @@ def test_fp16_weights_stay_close_to_transformers_in_float32(tiny_llama: Path) ->
 def test_fp16_weights_need_float32_weights_on_cpu(tiny_llama: Path) -> None:
     with pytest.raises(ValueError, match=r"packs float32 weights on CPU, not torch\.bfloat16 on cpu"):
         LLM(str(tiny_llama), kv_cache_bytes=8 << 20, quantization="fp16", dtype="bfloat16")
-    with pytest.raises(ValueError, match="quantization must be 'none' or 'fp16', got 'int8'"):
+    with pytest.raises(ValueError, match="quantization must be 'none', 'fp16' or 'gguf', got 'int8'"):
         LLM(str(tiny_llama), quantization="int8")
 
 

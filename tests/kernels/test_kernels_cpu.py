@@ -82,7 +82,7 @@ def test_elementwise_kernels_match_the_reference(dtype):
 
 def test_a_failed_build_falls_back_to_the_reference_and_says_so_once(monkeypatch, tmp_path, caplog):
     kernels.cpu.available.cache_clear()
-    monkeypatch.setattr(kernels.cpu, "SOURCE", tmp_path / "broken.cpp")
+    monkeypatch.setattr(kernels.cpu, "SOURCES", [tmp_path / "broken.cpp"])
     (tmp_path / "broken.cpp").write_text("this is not C++\n")
     monkeypatch.setenv(kernels.cpu.DIR_ENV, str(tmp_path / "build"))
     try:

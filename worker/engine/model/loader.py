@@ -1,4 +1,5 @@
-"""Build the model and fill it from safetensors files (memory-mapped), or with random weights."""
+"""Build the model and fill it from safetensors files (memory-mapped), with random weights, or from a
+GGUF file with its weights kept quantized (``gguf_loader``)."""
 
 import logging
 from pathlib import Path
@@ -7,6 +8,7 @@ import torch
 from safetensors import safe_open
 
 from worker.engine.model.cpu_linears import pack_linears
+from worker.engine.model.gguf_loader import find_gguf, load_gguf_model
 from worker.engine.model.llama import LlamaForCausalLM
 from worker.engine.model.model_config import ModelConfig
 
@@ -32,6 +34,8 @@ def load_model(
     seed: int = 0,
 ) -> LlamaForCausalLM:
     """The model, filled and with its linears packed for the device (``cpu_linears.pack_linears``)."""
+    if quantization == "gguf":
+        return load_gguf(config, max_positions, dtype, device, load_format)
     default_dtype = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
@@ -46,6 +50,19 @@ def load_model(
         fill_from_safetensors(model, config)
     pack_linears(model, quantization, device)
     return model.eval().requires_grad_(False)
+
+
+def load_gguf(
+    config: ModelConfig, max_positions: int, dtype: torch.dtype, device: torch.device, load_format: str
+) -> LlamaForCausalLM:
+    if device.type != "cpu" or dtype != torch.float32 or load_format != "safetensors":
+        raise ValueError(
+            f"quantization='gguf' runs a .gguf file's weights on CPU with float32 activations, not "
+            f"{dtype} on {device} (load_format {load_format!r})"
+        )
+    if config.path is None:
+        raise ValueError("quantization='gguf' needs a model directory")
+    return load_gguf_model(config, max_positions, find_gguf(config.path))
 
 
 def fill_random(model: LlamaForCausalLM, seed: int = 0) -> None:

@@ -1,0 +1,384 @@
+// GGUF-quantized weights x float32 activations (kernels/cpu.py builds this file with cpu_kernels.cpp into
+// torch.ops.pagedq_cpu). llama.cpp's approach: each activation row is quantized to int8 per 32-value block
+// (scale d = max|x| / 127), each weight sub-block of 32 values is unpacked to int8 in registers, and the
+// two meet in integer dot products (AVX2 maddubs, or AVX-512 VNNI's dpbusd where the CPU has it); a
+// block's integer sums are scaled and accumulated in float32. A row's result depends on that row alone,
+// never on the others in the batch, and every level (scalar, AVX2, VNNI) returns the same bits: the
+// integer sums are exact, and the float work is the same operations in the same order (8 lanes, each
+// the sum of 4 neighbouring products, reduced as hsum8 does).
+//
+// Block layouts as ggml's (ggml-common.h); kernels/quant_reference.py de-quantizes the same bytes.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/util/Half.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#ifdef __AVX2__
+#include <immintrin.h>
+#endif
+
+namespace {
+
+constexpr int QK = 32;  // values per activation block and per weight sub-block
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+constexpr int BEST_LEVEL = 2;
+#elif defined(__AVX2__)
+constexpr int BEST_LEVEL = 1;
+#else
+constexpr int BEST_LEVEL = 0;
+#endif
+
+struct BlockQ8 {  // one 32-value block of an activation row: x ~ d * q
+  float d;
+  float s;  // d * sum(q): what a weight block's min multiplies
+  int8_t q[QK];
+};
+
+inline float f16(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return c10::detail::fp16_ieee_to_fp32_value(h);
+}
+
+void quantize_row(const float* x, int64_t k, BlockQ8* out) {
+  for (int64_t b = 0; b < k / QK; ++b) {
+    const float* v = x + b * QK;
+    float amax = 0.f;
+    for (int i = 0; i < QK; ++i) amax = std::max(amax, std::fabs(v[i]));
+    const float d = amax / 127.f, id = d != 0.f ? 1.f / d : 0.f;
+    int sum = 0;
+    for (int i = 0; i < QK; ++i) {
+      const int q = static_cast<int>(std::nearbyint(v[i] * id));
+      out[b].q[i] = static_cast<int8_t>(q);
+      sum += q;
+    }
+    out[b].d = d;
+    out[b].s = d * static_cast<float>(sum);
+  }
+}
+
+// A weight block's float scales: sub-block j's values are sc[j][0] * w (its first 16) and sc[j][1] * w (its
+// last 16), plus mterm[j] (a min, times the activation block's sum).
+template <int SUBS>
+struct Scales {
+  float sc[SUBS][2];
+  float mterm[SUBS];
+};
+
+inline void both(float* sc, float v) { sc[0] = sc[1] = v; }
+
+// Each type: BLOCK values in BYTES bytes, SUBS = BLOCK / 32 sub-blocks; SIGNED: whether its unpacked
+// values are signed (else 0..31); scales(); unpack() to 32 int8 (scalar) and, with AVX2, unpack8().
+struct Q8_0 {
+  static constexpr int BLOCK = 32, BYTES = 34, SUBS = 1;
+  static constexpr bool SIGNED = true, HAS_MIN = false;
+  static void scales(const uint8_t* b, Scales<SUBS>& s) { both(s.sc[0], f16(b)); }
+  static void unpack(const uint8_t* b, int, int8_t* w) { std::memcpy(w, b + 2, QK); }
+#ifdef __AVX2__
+  static __m256i unpack8(const uint8_t* b, int) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2)); }
+#endif
+};
+
+#ifdef __AVX2__
+inline __m256i nibbles16(const uint8_t* p) {  // 16 bytes -> their 16 low nibbles, then their 16 high ones
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(b, 4), b), _mm256_set1_epi8(0x0F));
+}
+inline __m256i nibbles32(const uint8_t* p, bool high) {  // 32 bytes -> their low (or high) nibbles
+  const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm256_and_si256(high ? _mm256_srli_epi16(b, 4) : b, _mm256_set1_epi8(0x0F));
+}
+#endif
+
+struct Q4_0 {
+  static constexpr int BLOCK = 32, BYTES = 18, SUBS = 1;
+  static constexpr bool SIGNED = true, HAS_MIN = false;
+  static void scales(const uint8_t* b, Scales<SUBS>& s) { both(s.sc[0], f16(b)); }
+  static void unpack(const uint8_t* b, int, int8_t* w) {
+    for (int i = 0; i < 16; ++i) {
+      w[i] = static_cast<int8_t>((b[2 + i] & 0x0F) - 8);
+      w[i + 16] = static_cast<int8_t>((b[2 + i] >> 4) - 8);
+    }
+  }
+#ifdef __AVX2__
+  static __m256i unpack8(const uint8_t* b, int) { return _mm256_sub_epi8(nibbles16(b + 2), _mm256_set1_epi8(8)); }
+#endif
+};
+
+struct Q4_1 {
+  static constexpr int BLOCK = 32, BYTES = 20, SUBS = 1;
+  static constexpr bool SIGNED = false, HAS_MIN = true;
+  static void scales(const uint8_t* b, Scales<SUBS>& s) {
+    both(s.sc[0], f16(b));
+    s.mterm[0] = f16(b + 2);
+  }
+  static void unpack(const uint8_t* b, int, int8_t* w) {
+    for (int i = 0; i < 16; ++i) {
+      w[i] = static_cast<int8_t>(b[4 + i] & 0x0F);
+      w[i + 16] = static_cast<int8_t>(b[4 + i] >> 4);
+    }
+  }
+#ifdef __AVX2__
+  static __m256i unpack8(const uint8_t* b, int) { return nibbles16(b + 4); }
+#endif
+};
+
+// Q4_K and Q5_K: super-blocks of 256 with float16 d and dmin, then 8 six-bit scales and mins in 12 bytes.
+inline void k_scales(const uint8_t* b, Scales<8>& s) {
+  const float d = f16(b), dmin = f16(b + 2);
+  const uint8_t* q = b + 4;
+  for (int j = 0; j < 8; ++j) {
+    const int sc = j < 4 ? q[j] & 63 : (q[j + 4] & 0x0F) | ((q[j - 4] >> 6) << 4);
+    const int mn = j < 4 ? q[j + 4] & 63 : (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    both(s.sc[j], d * static_cast<float>(sc));
+    s.mterm[j] = -(dmin * static_cast<float>(mn));
+  }
+}
+
+struct Q4_K {
+  static constexpr int BLOCK = 256, BYTES = 144, SUBS = 8;
+  static constexpr bool SIGNED = false, HAS_MIN = true;
+  static void scales(const uint8_t* b, Scales<SUBS>& s) { k_scales(b, s); }
+  static void unpack(const uint8_t* b, int sub, int8_t* w) {
+    const uint8_t* qs = b + 16 + 32 * (sub / 2);
+    for (int i = 0; i < QK; ++i) w[i] = static_cast<int8_t>(sub % 2 ? qs[i] >> 4 : qs[i] & 0x0F);
+  }
+#ifdef __AVX2__
+  static __m256i unpack8(const uint8_t* b, int sub) { return nibbles32(b + 16 + 32 * (sub / 2), sub % 2); }
+#endif
+};
+
+struct Q5_K {
+  static constexpr int BLOCK = 256, BYTES = 176, SUBS = 8;
+  static constexpr bool SIGNED = false, HAS_MIN = true;
+  static void scales(const uint8_t* b, Scales<SUBS>& s) { k_scales(b, s); }
+  static void unpack(const uint8_t* b, int sub, int8_t* w) {
+    const uint8_t *qh = b + 16, *qs = b + 48 + 32 * (sub / 2);
+    for (int i = 0; i < QK; ++i) {
+      const int low = sub % 2 ? qs[i] >> 4 : qs[i] & 0x0F;
+      w[i] = static_cast<int8_t>(low | (((qh[i] >> sub) & 1) << 4));
+    }
+  }
+#ifdef __AVX2__
+  static __m256i unpack8(const uint8_t* b, int sub) {
+    const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16));
+    const __m256i high = _mm256_and_si256(_mm256_srli_epi16(qh, sub), _mm256_set1_epi8(1));
+    return _mm256_or_si256(nibbles32(b + 48 + 32 * (sub / 2), sub % 2), _mm256_slli_epi16(high, 4));
+  }
+#endif
+};
+
+// Q6_K: 256 values as 4 low bits (ql, 128 bytes) and 2 high bits (qh, 64 bytes), minus 32; an int8 scale
+// per 16 values; float16 d last. Sub-block j = 4h + k holds values 128h + 32k + (0..31).
+struct Q6_K {
+  static constexpr int BLOCK = 256, BYTES = 210, SUBS = 8;
+  static constexpr bool SIGNED = true, HAS_MIN = false;
+  static void scales(const uint8_t* b, Scales<SUBS>& s) {
+    const float d = f16(b + 208);
+    const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
+    for (int j = 0; j < 8; ++j)
+      for (int half = 0; half < 2; ++half) s.sc[j][half] = d * static_cast<float>(sc[2 * j + half]);
+  }
+  static void unpack(const uint8_t* b, int sub, int8_t* w) {
+    const int h = sub / 4, k = sub % 4;
+    const uint8_t *ql = b + 64 * h + 32 * (k % 2), *qh = b + 128 + 32 * h;
+    for (int i = 0; i < QK; ++i) {
+      const int low = k >= 2 ? ql[i] >> 4 : ql[i] & 0x0F;
+      w[i] = static_cast<int8_t>((low | (((qh[i] >> (2 * k)) & 3) << 4)) - 32);
+    }
+  }
+#ifdef __AVX2__
+  static __m256i unpack8(const uint8_t* b, int sub) {
+    const int h = sub / 4, k = sub % 4;
+    const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 128 + 32 * h));
+    const __m256i high = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * k), _mm256_set1_epi8(3));
+    const __m256i q = _mm256_or_si256(nibbles32(b + 64 * h + 32 * (k % 2), k >= 2), _mm256_slli_epi16(high, 4));
+    return _mm256_sub_epi8(q, _mm256_set1_epi8(32));
+  }
+#endif
+};
+
+inline float reduce8(const float* a) { return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7])); }
+
+// out[r] = weight row . activation row r, for R rows; the scalar reference every SIMD level equals.
+template <class W, int R>
+void dot_scalar(const uint8_t* wrow, int64_t blocks, const BlockQ8* const* x, float* out) {
+  float acc[R][8] = {}, macc[R] = {};
+  int8_t w[QK];
+  Scales<W::SUBS> s;
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* blk = wrow + b * W::BYTES;
+    W::scales(blk, s);
+    for (int sub = 0; sub < W::SUBS; ++sub) {
+      W::unpack(blk, sub, w);
+      for (int r = 0; r < R; ++r) {
+        const BlockQ8& xq = x[r][b * W::SUBS + sub];
+        for (int lane = 0; lane < 8; ++lane) {
+          int32_t sum = 0;
+          for (int i = 4 * lane; i < 4 * lane + 4; ++i) sum += int32_t(w[i]) * int32_t(xq.q[i]);
+          acc[r][lane] = std::fma(s.sc[sub][lane / 4] * xq.d, static_cast<float>(sum), acc[r][lane]);
+        }
+        if constexpr (W::HAS_MIN) macc[r] += s.mterm[sub] * xq.s;
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) out[r] = reduce8(acc[r]) + macc[r];
+}
+
+#ifdef __AVX2__
+inline float hsum8(__m256 v) {
+  const __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 q = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  return _mm_cvtss_f32(_mm_add_ss(q, _mm_movehdup_ps(q)));
+}
+
+// 8 lanes, each the sum of 4 neighbouring u8 x s8 products (no int16 saturation: |w| <= 128, |x| <= 127).
+template <bool VNNI>
+inline __m256i dot4(__m256i u, __m256i s) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  if constexpr (VNNI) return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
+#endif
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+}
+
+template <class W, int R, bool VNNI>
+void dot_avx2(const uint8_t* wrow, int64_t blocks, const BlockQ8* const* x, float* out) {
+  __m256 acc[R];
+  float macc[R] = {};
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  Scales<W::SUBS> s;
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* blk = wrow + b * W::BYTES;
+    W::scales(blk, s);
+    for (int sub = 0; sub < W::SUBS; ++sub) {
+      const __m256i w = W::unpack8(blk, sub);
+      const __m256i magnitude = W::SIGNED ? _mm256_sign_epi8(w, w) : w;
+      const __m256 sc = _mm256_set_m128(_mm_set1_ps(s.sc[sub][1]), _mm_set1_ps(s.sc[sub][0]));
+      for (int r = 0; r < R; ++r) {
+        const BlockQ8& xq = x[r][b * W::SUBS + sub];
+        __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq.q));
+        if constexpr (W::SIGNED) xv = _mm256_sign_epi8(xv, w);
+        const __m256 sums = _mm256_cvtepi32_ps(dot4<VNNI>(magnitude, xv));
+        acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(sc, _mm256_set1_ps(xq.d)), sums, acc[r]);
+        if constexpr (W::HAS_MIN) macc[r] += s.mterm[sub] * xq.s;
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) out[r] = hsum8(acc[r]) + macc[r];
+}
+#endif
+
+template <class W, int R>
+void dot_rows(int level, const uint8_t* wrow, int64_t blocks, const BlockQ8* const* x, float* out) {
+#ifdef __AVX2__
+  if (level == 2) return dot_avx2<W, R, true>(wrow, blocks, x, out);
+  if (level == 1) return dot_avx2<W, R, false>(wrow, blocks, x, out);
+#endif
+  dot_scalar<W, R>(wrow, blocks, x, out);
+}
+
+constexpr int TILE = 4;  // activation rows per pass over a weight row
+
+// out[m, col0 + n] = x[m] . w[n] for one weight of type W, rows [begin, end).
+template <class W>
+void matmul_rows(int level, const uint8_t* w, int64_t row_bytes, const BlockQ8* xq, int64_t m_rows,
+                 int64_t x_blocks, float* out, int64_t ldo, int64_t col0, int64_t begin, int64_t end) {
+  const int64_t blocks = row_bytes / W::BYTES;
+  const BlockQ8* x[TILE];
+  float dots[TILE];
+  for (int64_t n = begin; n < end; ++n) {
+    const uint8_t* wrow = w + n * row_bytes;
+    for (int64_t m = 0; m < m_rows; m += TILE) {
+      const int64_t r = std::min<int64_t>(TILE, m_rows - m);
+      for (int64_t i = 0; i < r; ++i) x[i] = xq + (m + i) * x_blocks;
+      switch (r) {
+        case 4: dot_rows<W, 4>(level, wrow, blocks, x, dots); break;
+        case 3: dot_rows<W, 3>(level, wrow, blocks, x, dots); break;
+        case 2: dot_rows<W, 2>(level, wrow, blocks, x, dots); break;
+        default: dot_rows<W, 1>(level, wrow, blocks, x, dots);
+      }
+      for (int64_t i = 0; i < r; ++i) out[(m + i) * ldo + col0 + n] = dots[i];
+    }
+  }
+}
+
+using MatmulRows = void (*)(int, const uint8_t*, int64_t, const BlockQ8*, int64_t, int64_t, float*, int64_t,
+                            int64_t, int64_t, int64_t);
+
+struct Kind {
+  MatmulRows run;
+  int64_t block, bytes;
+};
+
+template <class W>
+Kind kind() {
+  return {&matmul_rows<W>, W::BLOCK, W::BYTES};
+}
+
+Kind kind_of(int64_t ggml_type) {
+  switch (ggml_type) {
+    case 2: return kind<Q4_0>();
+    case 3: return kind<Q4_1>();
+    case 8: return kind<Q8_0>();
+    case 12: return kind<Q4_K>();
+    case 13: return kind<Q5_K>();
+    case 14: return kind<Q6_K>();
+    default: TORCH_CHECK(false, "no quantized kernel for GGML type ", ggml_type);
+  }
+}
+
+int64_t quant_level() { return BEST_LEVEL; }
+
+// x [M, K] float32 times the weights (uint8 [N_i, row_bytes_i] each, of GGML type types[i], K values a row),
+// side by side: returns [M, sum N_i]. level: 0 scalar, 1 AVX2, 2 AVX-512 VNNI, -1 the best this CPU runs.
+at::Tensor quant_linear(const at::Tensor& x_in, at::TensorList weights, at::IntArrayRef types, int64_t level) {
+  TORCH_CHECK(x_in.dim() == 2 && x_in.scalar_type() == at::kFloat, "x must be float32 [M, K]");
+  TORCH_CHECK(weights.size() == types.size() && !weights.empty(), "one GGML type per weight");
+  TORCH_CHECK(level <= BEST_LEVEL, "level ", level, " is not built for this CPU (best: ", BEST_LEVEL, ")");
+  level = level < 0 ? BEST_LEVEL : level;
+  const auto x = x_in.contiguous();
+  const int64_t m_rows = x.size(0), k = x.size(1), x_blocks = k / QK;
+  TORCH_CHECK(k % QK == 0, "K = ", k, " is not a multiple of ", QK);
+  std::vector<Kind> kinds;
+  std::vector<int64_t> cols{0};
+  for (size_t i = 0; i < weights.size(); ++i) {
+    const Kind kd = kind_of(types[i]);
+    const auto& w = weights[i];
+    TORCH_CHECK(w.scalar_type() == at::kByte && w.dim() == 2 && w.stride(1) == 1 && w.stride(0) == w.size(1),
+                "weight ", i, " must be contiguous uint8 [N, row_bytes]");
+    TORCH_CHECK(k % kd.block == 0 && w.size(1) == k / kd.block * kd.bytes, "weight ", i, " has ", w.size(1),
+                " bytes a row, not K = ", k, " values of its type");
+    kinds.push_back(kd);
+    cols.push_back(cols.back() + w.size(0));
+  }
+  std::vector<BlockQ8> xq(m_rows * x_blocks);
+  const float* xp = x.data_ptr<float>();
+  at::parallel_for(0, m_rows, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t m = begin; m < end; ++m) quantize_row(xp + m * k, k, xq.data() + m * x_blocks);
+  });
+  const int64_t total = cols.back();
+  auto out = at::empty({m_rows, total}, x.options());
+  float* o = out.data_ptr<float>();
+  at::parallel_for(0, total, 8, [&](int64_t begin, int64_t end) {
+    for (size_t i = 0; i < kinds.size(); ++i) {
+      const int64_t lo = std::max(begin, cols[i]), hi = std::min(end, cols[i + 1]);
+      if (lo >= hi) continue;
+      kinds[i].run(static_cast<int>(level), weights[i].data_ptr<uint8_t>(), weights[i].size(1), xq.data(), m_rows,
+                   x_blocks, o, total, cols[i], lo - cols[i], hi - cols[i]);
+    }
+  });
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(pagedq_cpu, m) {
+  m.def("quant_linear", &quant_linear);
+  m.def("quant_level", &quant_level);
+}

@@ -1,0 +1,121 @@
+"""``quantization="gguf"``: a tiny random Llama (and Qwen2) written as a GGUF file with mixed block types
+against the float32 engine on the same weights de-quantized (``tests/support/gguf_files.gguf_model_dir``
+writes both).
+
+With the torch reference (de-quantize, then float32 matmul) the two are the same model: same tokens,
+logprobs to float32 rounding. With the C++ kernels, activations are quantized to int8 per 32 values, which
+moves these tiny random models' logprobs by up to ~0.25 nats, and their top choices are often that
+close (top-1 logprobs around -1.5 over 320 tokens): the outputs then agree until a near-tie, where float32's
+own two candidates are within that margin. The default model's fidelity is tested on its real file
+(``test_gguf_default_model.py``)."""
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from kernels import dispatch
+from tests.engine.test_engine_parity import greedy, prompts
+from tests.support.gguf_files import gguf_model_dir
+from tests.support.reference import assert_pool_empty, chosen_logprobs
+from tests.support.tiny_models import make_tiny_model
+from worker.engine import LLM
+from worker.engine.model.gguf_file import GGUFError
+from worker.engine.model.gguf_layers import GGUFEmbedding, GGUFLinear
+from worker.engine.model.gguf_loader import weight_types
+from worker.engine.outputs import CompletionOutput
+from worker.main import engine_facts
+
+TYPES = ["Q8_0", "Q4_K", "Q6_K", "Q4_0", "Q5_K", "Q4_1"]
+SHAPES = dict(hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2)
+
+
+def tiny_gguf(root: Path, arch: str = "llama", tied: bool = True, types: list[str] = TYPES) -> Path:
+    src = make_tiny_model(root / "src", arch, tie_word_embeddings=tied, **SHAPES)
+    return gguf_model_dir(src, root / "gguf", types, arch)
+
+
+@pytest.fixture(scope="module")
+def gguf_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tiny_gguf(tmp_path_factory.mktemp("gguf_llama"))
+
+
+NEAR_TIE = 0.3  # nats: how far the kernels' activation rounding moves these models' logprobs (above)
+
+
+def generate_both(path: Path, count: int) -> list[tuple[CompletionOutput, CompletionOutput]]:
+    quantized = LLM(str(path), kv_cache_bytes=8 << 20, quantization="gguf")
+    dense = LLM(str(path), kv_cache_bytes=8 << 20)
+    texts = prompts(count, 3)
+    got, want = quantized.generate(texts, greedy(5)), dense.generate(texts, greedy(5))
+    assert_pool_empty(quantized)
+    return [(a.outputs[0], b.outputs[0]) for a, b in zip(got, want, strict=True)]
+
+
+@pytest.mark.parametrize(("arch", "tied"), [("llama", True), ("llama", False), ("qwen2", False)])
+def test_gguf_is_the_float32_model_under_the_reference(
+    tmp_path: Path, arch: str, tied: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Names, shapes, llama.cpp's q/k row order, tying and Qwen2's biases are read right."""
+    monkeypatch.setenv(dispatch.BACKEND_ENV, "torch")
+    for got, want in generate_both(tiny_gguf(tmp_path, arch, tied), 4):
+        assert got.token_ids == want.token_ids
+        assert chosen_logprobs(got) == pytest.approx(chosen_logprobs(want), abs=1e-3)
+
+
+def test_quantized_kernels_follow_float32_until_a_near_tie(gguf_llama: Path) -> None:
+    for got, want in generate_both(gguf_llama, 6):
+        pairs = zip(got.token_ids, want.token_ids, strict=True)
+        same = next((i for i, (a, b) in enumerate(pairs) if a != b), None)
+        end = len(got.token_ids) if same is None else same
+        assert chosen_logprobs(got)[:end] == pytest.approx(chosen_logprobs(want)[:end], abs=NEAR_TIE)
+        if same is not None:  # float32 ranked the kernels' choice within NEAR_TIE of its own
+            float32_top = want.logprobs[same]
+            chosen = float32_top.get(got.token_ids[same], -float("inf"))
+            assert chosen >= float32_top[want.token_ids[same]] - NEAR_TIE, (
+                same,
+                got.logprobs[same],
+                float32_top,
+            )
+
+
+def test_weights_stay_in_their_blocks(gguf_llama: Path) -> None:
+    llm = LLM(str(gguf_llama), kv_cache_bytes=8 << 20, quantization="gguf")
+    model = llm.engine.runner.model
+    kinds = {type(m).__name__ for m in model.modules() if not list(m.children())}
+    assert "Linear" not in kinds and "Embedding" not in kinds, kinds
+    assert isinstance(model.embed_tokens, GGUFEmbedding) and isinstance(model.lm_head, GGUFLinear)
+    assert model.lm_head.parts[0].data.data_ptr() == model.embed_tokens.table.data.data_ptr()  # tied
+    floats = sum(p.numel() for p in model.parameters())
+    assert floats == (2 * 2 + 1) * 256, "only the norms are float32 parameters"
+    types = weight_types(model)
+    assert set(types) == set(TYPES) and all(size > 0 for size in types.values())
+    facts = engine_facts(llm.engine)  # the worker's ready line
+    assert facts["weight_bytes"] == types and facts["kernels"] in ("cpu", "torch")
+
+
+def test_a_directory_without_a_gguf_file_says_so(tiny_llama: Path) -> None:
+    with pytest.raises(FileNotFoundError, match=r"serves the one \.gguf file in .*found none"):
+        LLM(str(tiny_llama), kv_cache_bytes=8 << 20, quantization="gguf")
+
+
+def test_gguf_needs_float32_on_cpu(gguf_llama: Path) -> None:
+    with pytest.raises(ValueError, match=r"quantization='gguf' runs .* on CPU with float32 activations"):
+        LLM(str(gguf_llama), kv_cache_bytes=8 << 20, quantization="gguf", dtype="bfloat16")
+
+
+def test_bad_files_fail_at_start_naming_the_tensor(gguf_llama: Path, tmp_path: Path) -> None:
+    broken = shutil.copytree(gguf_llama, tmp_path / "broken")
+    data = (broken / "model.gguf").read_bytes()
+    (broken / "model.gguf").write_bytes(data[: len(data) // 2])
+    with pytest.raises(GGUFError, match=r"tensor '.*' \(.*\).*truncated"):
+        LLM(str(broken), kv_cache_bytes=8 << 20, quantization="gguf")
+    (broken / "model.gguf").write_bytes(data.replace(b"llama", b"gpt2x", 1))
+    with pytest.raises(GGUFError, match=r"architecture 'gpt2x' is not supported.*\['llama', 'qwen2'\]"):
+        LLM(str(broken), kv_cache_bytes=8 << 20, quantization="gguf")
+    other = tiny_gguf(tmp_path / "other")
+    (broken / "model.gguf").write_bytes((other / "model.gguf").read_bytes())
+    config = (broken / "config.json").read_text()
+    (broken / "config.json").write_text(config.replace('"num_hidden_layers": 2', '"num_hidden_layers": 3'))
+    with pytest.raises(GGUFError, match=r"no tensor 'blk\.2\.attn_q\.weight'"):
+        LLM(str(broken), kv_cache_bytes=8 << 20, quantization="gguf")

@@ -1,0 +1,94 @@
+"""The C++ quantized linear (kernels/cpu_quant_kernels.cpp) against de-quantize-then-matmul in float64.
+
+The kernel quantizes each activation row to int8 per 32-value block (scale d = max|x| / 127), so each
+activation is off by at most d / 2: the output may differ from the exact product by at most
+sum over blocks of (max|x_block| / 254) * sum |w_block|, plus float32 rounding. That bound is what the
+tests hold it to, per output. And exactly: a row's output is the same bits alone and in a batch of 64,
+and the same bits at every SIMD level the CPU has (scalar, AVX2, AVX-512 VNNI).
+"""
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+import kernels.cpu
+from kernels import quant_reference
+from tests.support.gguf_files import encode
+
+TYPES = ["Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K"]
+
+
+@pytest.fixture(autouse=True)
+def built() -> None:
+    if not kernels.cpu.available():
+        if os.environ.get("CI"):
+            pytest.fail("the CPU kernels did not build; see the warning in the log")
+        pytest.skip("the CPU kernels did not build")
+
+
+def weight(type_name: str, rows: int, cols: int, seed: int = 0) -> torch.Tensor:
+    rng = np.random.default_rng(seed)
+    return torch.from_numpy(encode(rng.normal(0, 0.05, size=(rows, cols)).astype(np.float32), type_name, rng))
+
+
+def activations(rows: int, cols: int, seed: int = 1) -> torch.Tensor:
+    x = torch.randn(rows, cols, generator=torch.Generator().manual_seed(seed))
+    x[:, :32] *= 20  # an outlier block, as hidden states have
+    return x
+
+
+def activation_bound(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``[M, N]``: how far activation rounding can move each output (see the module's docstring)."""
+    step = x.abs().view(x.shape[0], -1, 32).amax(-1) / 254  # [M, blocks]: half a quantization step
+    w_abs = w.abs().view(w.shape[0], -1, 32).sum(-1)  # [N, blocks]
+    rounding = 1e-5 * (x.abs().double() @ w.abs().double().T)
+    return step.double() @ w_abs.double().T + rounding
+
+
+@pytest.mark.parametrize("type_name", TYPES)
+@pytest.mark.parametrize("m_rows", [1, 3, 16, 70])
+def test_equals_dequantize_then_matmul_within_the_activation_rounding(type_name: str, m_rows: int) -> None:
+    stored, x = weight(type_name, 37, 512), activations(m_rows, 512)
+    ggml = quant_reference.TYPES[type_name].ggml_type
+    got = kernels.cpu.quant_linear(x, [stored], [ggml])
+    w = quant_reference.dequantize(stored, type_name)
+    want = x.double() @ w.double().T
+    error = (got.double() - want).abs()
+    bound = activation_bound(x, w)
+    assert (error <= bound).all(), f"worst {(error / bound).max():.2f}x the bound"
+    assert error.max() > 0  # the activations were quantized: not a float path in disguise
+    # The bound is a worst case (every rounding the same way); typical errors are far smaller.
+    assert error.mean() < 0.01 * want.abs().mean()
+
+
+@pytest.mark.parametrize("type_name", TYPES)
+def test_a_row_is_the_same_bits_alone_and_in_a_batch_at_every_level(type_name: str) -> None:
+    stored, x = weight(type_name, 19, 256, seed=3), activations(64, 256, seed=4)
+    ggml = quant_reference.TYPES[type_name].ggml_type
+    batch = kernels.cpu.quant_linear(x, [stored], [ggml])
+    for i in (0, 5, 63):
+        assert torch.equal(kernels.cpu.quant_linear(x[i : i + 1], [stored], [ggml]), batch[i : i + 1])
+        assert torch.equal(kernels.cpu.quant_linear(x[i : i + 3], [stored], [ggml])[0], batch[i])
+    for level in range(kernels.cpu.quant_level() + 1):
+        assert torch.equal(kernels.cpu.quant_linear(x, [stored], [ggml], level), batch), f"level {level}"
+
+
+def test_weights_of_several_types_side_by_side() -> None:
+    """How a fused q/k/v projection runs when its parts were quantized differently (a Q4_K_M file)."""
+    parts = [("Q4_K", 24), ("Q6_K", 8), ("Q8_0", 8)]
+    stored = [weight(name, rows, 256, seed=i) for i, (name, rows) in enumerate(parts)]
+    types = [quant_reference.TYPES[name].ggml_type for name, _ in parts]
+    x = activations(5, 256)
+    got = kernels.cpu.quant_linear(x, stored, types)
+    alone = [kernels.cpu.quant_linear(x, [s], [t]) for s, t in zip(stored, types, strict=True)]
+    assert got.shape == (5, 40) and torch.equal(got, torch.cat(alone, dim=1))
+
+
+def test_refuses_a_weight_that_does_not_fit_k() -> None:
+    stored = weight("Q8_0", 4, 256)
+    with pytest.raises(RuntimeError, match="bytes a row, not K = 512"):
+        kernels.cpu.quant_linear(activations(2, 512), [stored], [quant_reference.TYPES["Q8_0"].ggml_type])
+    with pytest.raises(RuntimeError, match="no quantized kernel for GGML type 6"):
+        kernels.cpu.quant_linear(activations(2, 256), [stored], [6])
