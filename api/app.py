@@ -1,5 +1,6 @@
 """The API's entry point: ``create_app`` builds the FastAPI app for one served model."""
 
+import gc
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -59,6 +60,7 @@ def create_app(settings: Settings, model_dir: Path) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        freeze_startup_heap()
         yield
         await service.waiter.close()
         await run_in_threadpool(service.bulk_publisher.close)
@@ -91,6 +93,14 @@ def create_app(settings: Settings, model_dir: Path) -> FastAPI:
     app.add_middleware(BodyLimit, settings=settings)
     install_error_handlers(app)
     return app
+
+
+def freeze_startup_heap() -> None:
+    """Move what startup made (the tokenizer, torch, every module: millions of objects) out of the garbage
+    collector's reach. A full collection stops every thread, the event loop's too, for as long as it walks
+    the heap: with this heap, 0.3-0.5 s, and a big batch's accept set off several."""
+    gc.collect()
+    gc.freeze()
 
 
 def build_service(settings: Settings, model_dir: Path) -> Service:

@@ -1,7 +1,8 @@
 """A run's result as the engine produces it, shaped into what the store writes.
 
 Pure: no threads, no SQL (the host calls it under its lock). Each step's output is folded in at a cost
-that grows with what is new, and each write takes only the token times the database does not have yet.
+that grows with what is new, and each write takes only the text and token times the database does not have
+yet (a choice's text only grows: beams are delivered once, at the end).
 """
 
 import time
@@ -42,6 +43,7 @@ class JobResult:
     first_token: float | None = None
     token_times_ms: list[float] = field(default_factory=list)  # since started
     times_written: int = 0  # how many of them the database holds
+    text_written: int = 0  # how many characters of the first choice's text the database holds
 
     @classmethod
     def of(cls, params: dict[str, Any], started: float | None = None) -> "JobResult":
@@ -92,7 +94,8 @@ class JobResult:
         return Progress(
             job_id=job_id,
             attempt=attempt,
-            output_text=self.choices[0].text,
+            output_text=self.choices[0].text[self.text_written :],
+            text_from=self.text_written,
             completion_tokens=sum(choice.completion_tokens for choice in self.choices),
             choices=[choice.stored() for choice in self.choices] if len(self.choices) > 1 else None,
             token_logprobs=[list(choice.logprobs) for choice in self.choices] if logprobs else None,
@@ -108,5 +111,6 @@ class JobResult:
         )
 
     def written(self, progress: Progress) -> None:
-        """The store committed ``progress``: later snapshots start after its token times."""
+        """The store committed ``progress``: later snapshots start after its text and token times."""
         self.times_written = max(self.times_written, progress.token_times_from + len(progress.token_times_ms))
+        self.text_written = max(self.text_written, progress.text_from + len(progress.output_text))

@@ -9,7 +9,21 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Insert, String, and_, bindparam, cast, delete, func, literal, or_, select, update
+from sqlalchemy import (
+    Insert,
+    Integer,
+    String,
+    Text,
+    and_,
+    bindparam,
+    cast,
+    delete,
+    func,
+    literal,
+    or_,
+    select,
+    update,
+)
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
@@ -45,12 +59,13 @@ class Progress:
 
     job_id: str
     attempt: int
-    output_text: str = ""
+    output_text: str = ""  # the first choice's text from character ``text_from`` on: only what is new
     completion_tokens: int = 0
     cached_tokens: int = 0
     engine_ms: float = 0.0
     token_times_ms: list[float] = field(default_factory=list)
     token_times_from: int = 0
+    text_from: int = 0
     choices: list[dict[str, Any]] | None = None  # every sample when a job asked for more than one
     token_logprobs: list[list[TokenLogprob]] | None = None  # with the final result, when asked for
     started_at: datetime | None = None
@@ -61,7 +76,6 @@ class Progress:
 
     def columns(self) -> dict[str, Any]:
         values = {
-            "output_text": storable(self.output_text),
             "choices": [c | {"text": storable(c["text"])} for c in self.choices] if self.choices else None,
             "token_logprobs": self.token_logprobs,
             "completion_tokens": self.completion_tokens,
@@ -79,17 +93,31 @@ class Progress:
             }
         return values
 
+    def text(self) -> dict[str, Any]:
+        """The parameters of ``APPEND_TEXT``: the stored text is cut to ``text_from`` characters, then the
+        new piece follows (so a retry after an unknown outcome, or a rerun's first flush, writes the same)."""
+        return {"text_from": self.text_from, "text_piece": storable(self.output_text)}
+
     def token_times(self) -> dict[str, Any]:
         """The row of its new token times (``job_token_times``)."""
         times = {"first": self.token_times_from, "times_ms": self.token_times_ms}
         return {"job_id": self.job_id, "attempt": self.attempt} | times
 
 
-# A run's write, bound per row: the SET clause is the parameters' other keys (one executemany per key set).
-RUN_WRITE = update(Job.__table__).where(
-    Job.__table__.c.id == bindparam("run_id"),
-    Job.__table__.c.attempt == bindparam("run_attempt"),
-    Job.__table__.c.status == JobStatus.RUNNING,
+# The first choice's text, appended a piece per flush (``Progress.text``) rather than rewritten whole.
+TEXT_KEPT = func.substr(Job.__table__.c.output_text, 1, bindparam("text_from", type_=Integer), type_=Text)
+APPEND_TEXT = TEXT_KEPT.concat(bindparam("text_piece", type_=Text))
+
+# A run's write, bound per row: the SET clause is the text's append and the parameters' other keys (one
+# executemany per key set).
+RUN_WRITE = (
+    update(Job.__table__)
+    .where(
+        Job.__table__.c.id == bindparam("run_id"),
+        Job.__table__.c.attempt == bindparam("run_attempt"),
+        Job.__table__.c.status == JobStatus.RUNNING,
+    )
+    .values(output_text=APPEND_TEXT)
 )
 
 
@@ -178,7 +206,7 @@ class JobStore:
             failure = FRESH_RESULTS | {"status": JobStatus.FAILED, "finished_at": utcnow()}
             failure["error"] = f"the result could not be stored: {error.orig!r}"[:2000]
             with self.sessions.begin() as session:
-                if not self._write_one(session, p.job_id, p.attempt, failure):
+                if not self._write_one(session, p.job_id, p.attempt, failure, text=None):
                     return {p.job_id}
                 deliveries = self._record_events(session, [p.job_id])
             self._publish(deliveries)
@@ -193,12 +221,14 @@ class JobStore:
             by_columns[tuple(values)].append((p, values))
         lost: set[str] = set()
         for rows in by_columns.values():
-            params = [{"run_id": p.job_id, "run_attempt": p.attempt, **values} for p, values in rows]
+            params = [
+                {"run_id": p.job_id, "run_attempt": p.attempt, **values, **p.text()} for p, values in rows
+            ]
             if session.connection().execute(RUN_WRITE, params).rowcount != len(rows):
                 lost |= {
                     p.job_id
                     for p, values in rows
-                    if not self._write_one(session, p.job_id, p.attempt, values)
+                    if not self._write_one(session, p.job_id, p.attempt, values, p.text())
                 }
         chunks = [p.token_times() for p in progress if p.token_times_ms and p.job_id not in lost]
         if chunks:  # appended: a flush writes the new times only
@@ -207,14 +237,20 @@ class JobStore:
         return lost
 
     @staticmethod
-    def _write_one(session: Session, job_id: str, attempt: int, values: dict[str, Any]) -> bool:
+    def _write_one(
+        session: Session, job_id: str, attempt: int, values: dict[str, Any], text: dict[str, Any] | None
+    ) -> bool:
+        """``text``: the parameters of the text's append (``Progress.text``); None: ``values`` set it."""
         # Still running, or already in the status these values set: the executemany that sent us here
         # may have applied them, and a run it ended is not lost (its final token times must follow).
         ours = {JobStatus.RUNNING, values.get("status", JobStatus.RUNNING)}
+        appended = {} if text is None else {"output_text": APPEND_TEXT}
         statement = (
-            update(Job).where(Job.id == job_id, Job.attempt == attempt, Job.status.in_(ours)).values(**values)
+            update(Job)
+            .where(Job.id == job_id, Job.attempt == attempt, Job.status.in_(ours))
+            .values(**values, **appended)
         )
-        return session.execute(statement).rowcount == 1
+        return session.execute(statement, text or {}).rowcount == 1
 
     def _record_events(self, session: Session, ended: list[str]) -> list[str]:
         """Webhook deliveries for jobs that just ended, in the transaction that ended them."""

@@ -48,7 +48,7 @@ def test_steps_fold_into_text_tokens_and_times_in_ms_since_started() -> None:
     )
 
 
-def test_a_snapshot_holds_only_the_times_not_yet_written() -> None:
+def test_a_snapshot_holds_only_the_text_and_times_not_yet_written() -> None:
     result = JobResult.of({})
     result.fold(step([10.001, 10.002], sample(0, "ab", [1, 2])), TEXTS.get)
     first = result.progress("job_1", 1, CLOCK)
@@ -66,6 +66,9 @@ def test_a_snapshot_holds_only_the_times_not_yet_written() -> None:
     assert result.progress("job_1", 1, CLOCK).token_times_ms == []
     chunks = [(p.token_times_from, p.token_times_ms) for p in (first, unwritten, retry)]
     assert joined(chunks) == [1.0, 2.0, 3.0, 4.0]  # the overlapping chunk counts each token once
+    texts = [(p.text_from, p.output_text) for p in (first, unwritten, retry)]
+    assert texts == [(0, "ab"), (2, "c"), (2, "ca")]
+    assert result.progress("job_1", 1, CLOCK).output_text == ""
 
 
 def test_samples_fill_their_choices_and_every_choice_is_stored() -> None:
@@ -103,7 +106,7 @@ def test_a_stored_result_reads_back_as_the_api_serves_it() -> None:
     top = {1: -0.25, 2: -2.0}
     result.fold(step([10.5], sample(0, "a", [1], "length", logprobs=[top])), TEXTS.get)
     p = result.progress("job_1", 1, CLOCK, JobStatus.SUCCEEDED, "length")
-    job = Job(id="job_1", model="m", prompt_tokens=3, **p.columns())
+    job = Job(id="job_1", model="m", prompt_tokens=3, output_text=p.text()["text_piece"], **p.columns())
 
     [choice] = choices_of(job)
     assert (choice.text, choice.finish_reason, choice.completion_tokens) == ("a", "length", 1)

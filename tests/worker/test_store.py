@@ -2,15 +2,18 @@
 
 from collections.abc import Iterator
 from datetime import timedelta
+from typing import Any
 
 import pytest
-from sqlalchemy import update
+from sqlalchemy import event, update
 
 from core.db import make_db_engine, make_sessionmaker
 from core.models import Job, Worker, utcnow
 from core.queue import celery_priority, priorities_at
 from core.settings import Settings
 from core.states import JobStatus
+from worker.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from worker.results import Clock, JobResult
 from worker.store import JobStore, Progress
 
 
@@ -182,3 +185,49 @@ def test_token_times_are_appended_per_flush_and_a_new_run_starts_without_them(st
     assert store.write([late]) == {job_id}  # the old run, still going, is refused
     store.write([Progress(job_id, rerun.attempt, "n", 1, token_times_ms=[7.0], status=JobStatus.SUCCEEDED)])
     assert get(store, job_id).token_times_ms == [7.0]
+
+
+def test_the_text_is_appended_per_flush_and_a_retry_or_a_new_run_writes_the_same(store: JobStore) -> None:
+    job_id = add_job(store)
+    run = store.claim(job_id, "w1")
+    assert run is not None
+    store.write([Progress(job_id, run.attempt, "ab", 2)])
+    store.write([Progress(job_id, run.attempt, "cd", 4, text_from=2)])
+    assert store.write([Progress(job_id, run.attempt, "cde", 5, text_from=2)]) == set()  # sent again, grown
+    assert get(store, job_id).output_text == "abcde"
+    assert store.write([Progress(job_id, run.attempt - 1, "x", 6, text_from=5)]) == {job_id}
+    assert store.requeue(job_id, run.attempt) == 0
+    rerun = store.claim(job_id, "w2")
+    assert rerun is not None and get(store, job_id).output_text == ""
+    store.write([Progress(job_id, rerun.attempt, "n\x00", 2, text_from=0)])
+    store.write([Progress(job_id, rerun.attempt, "ew", 4, text_from=2, status=JobStatus.SUCCEEDED)])
+    assert get(store, job_id).output_text == "n\ufffdew"
+
+
+def test_a_long_jobs_flushes_carry_only_the_new_text(store: JobStore) -> None:
+    job_id = add_job(store)
+    run = store.claim(job_id, "w1")
+    assert run is not None
+    sizes: list[int] = []
+
+    def record(*args: Any) -> None:  # before_cursor_execute: conn, cursor, statement, params, context, many
+        statement, params, many = args[2], args[3], args[5]
+        if statement.startswith("UPDATE jobs"):
+            rows = params if many else [params]
+            sizes.append(max(len(str(row)) for row in rows))
+
+    piece = "token " * 100
+    engine = store.sessions.kw["bind"]
+    event.listen(engine, "before_cursor_execute", record)
+    result, metrics = JobResult.of({}), RequestMetrics(arrival_time=0.0, first_scheduled_time=0.0)
+    try:
+        for _ in range(50):  # a step's text, then a flush of the run's progress, as the worker does
+            step = RequestOutput(job_id, None, [1], [CompletionOutput(0, piece, [1])], False, metrics)
+            result.fold(step, str)
+            progress = result.progress(job_id, run.attempt, Clock())
+            assert store.write([progress]) == set()
+            result.written(progress)
+    finally:
+        event.remove(engine, "before_cursor_execute", record)
+    assert get(store, job_id).output_text == piece * 50  # 30,000 characters written...
+    assert len(sizes) == 50 and max(sizes) < 2 * len(piece)  # ...by statements as small as one piece
