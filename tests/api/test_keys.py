@@ -156,6 +156,7 @@ NOT_OBJECT_SCOPED = {
     ("POST", "/v1/completions"),
     ("POST", "/generate"),
     ("GET", "/v1/models"),
+    ("GET", "/v1/usage"),  # rows scoped by key, not objects: tests/api/test_usage.py checks isolation
     ("GET", "/v1/models/{model_id}"),
     ("GET", "/healthz"),
     ("GET", "/readyz"),  # admin only
