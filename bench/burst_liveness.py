@@ -21,11 +21,12 @@ from pathlib import Path
 
 import httpx
 
-from bench.fault_cost import PROMPTS, private_redis
+from bench.fault_cost import PROMPTS
 from core.settings import Settings
 from core.states import TERMINAL, JobStatus
 from tests.support.jobs_client import Database, api_over_http, start_worker
 from tests.support.private_postgres import private_postgres
+from tests.support.private_redis import private_redis
 from tests.support.services import Process, wait_for
 from worker.engine.default_model import resolve_model
 
@@ -49,7 +50,7 @@ def burst(args: argparse.Namespace, url: str) -> list[str]:
 
 
 def run(args: argparse.Namespace, work: Path) -> dict[str, int | float]:
-    with private_postgres() as postgres, private_redis() as broker:
+    with private_postgres() as postgres, private_redis(work) as broker:
         settings = Settings(
             database_url=postgres.create_migrated_database(),
             broker_url=broker.url(),

@@ -15,75 +15,24 @@ and the ratio to the run without a fault. The worker is never restarted.
 
 import argparse
 import shutil
-import signal
-import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
-import redis
 from sqlalchemy.exc import OperationalError
 
 from core.settings import Settings
 from core.states import TERMINAL, JobStatus
 from tests.support.jobs_client import Database, api_over_http, start_worker
 from tests.support.private_postgres import PrivatePostgres, private_postgres
-from tests.support.services import free_port, wait_for
+from tests.support.private_redis import PrivateRedis, private_redis
+from tests.support.services import wait_for
 from worker.engine.default_model import resolve_model
 
 PROMPTS = [f"Write one sentence about the number {i}." for i in range(1000)]
-
-
-class PrivateRedis:
-    """A ``redis-server`` of this bench's own, killed and restarted at will (it keeps nothing on disk)."""
-
-    def __init__(self) -> None:
-        self.port = free_port()
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        command = [
-            "redis-server",
-            "--port",
-            str(self.port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ]
-        self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL)
-        wait_for(self._answers, 10, "redis-server to start")
-
-    def kill(self) -> None:
-        assert self.process is not None
-        self.process.send_signal(signal.SIGKILL)
-        self.process.wait(10)
-
-    def _answers(self) -> bool:
-        try:
-            return bool(redis.Redis(port=self.port, socket_connect_timeout=1).ping())
-        except redis.RedisError:
-            return False
-
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-
-@contextmanager
-def private_redis() -> Iterator[PrivateRedis]:
-    server = PrivateRedis()
-    server.start()
-    try:
-        yield server
-    finally:
-        if server.process is not None and server.process.poll() is None:
-            server.kill()
 
 
 def postgres_outage(seconds: float) -> Callable[[PrivatePostgres, PrivateRedis], None]:
@@ -96,14 +45,14 @@ def postgres_outage(seconds: float) -> Callable[[PrivatePostgres, PrivateRedis],
 
 
 def redis_restart(_: PrivatePostgres, server: PrivateRedis) -> None:
-    server.kill()
+    server.stop()
     server.start()
 
 
 def run(args: argparse.Namespace, fault: Callable[[PrivatePostgres, PrivateRedis], None] | None) -> dict:
     work = Path(tempfile.mkdtemp(prefix="pagedq-fault-"))
     try:
-        with private_postgres() as postgres, private_redis() as broker:
+        with private_postgres() as postgres, private_redis(work) as broker:
             settings = Settings(
                 database_url=postgres.create_migrated_database(),
                 broker_url=broker.url(),
