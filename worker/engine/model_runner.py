@@ -76,6 +76,7 @@ class ModelRunner:
             config.quantization,
             config.seed,
             config.batch_invariant,
+            config.gguf_kernel,
         )
         self.batch_invariant = self.model.batch_invariant
         if config.batch_invariant and not self.batch_invariant:

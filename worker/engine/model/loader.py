@@ -33,11 +33,12 @@ def load_model(
     quantization: str = "none",
     seed: int = 0,
     batch_invariant: bool = False,
+    gguf_kernel: str = "float",
 ) -> LlamaForCausalLM:
     """The model, filled and with its linears packed for the device (``cpu_linears.pack_linears``); its
     ``batch_invariant`` says whether they came out batch-invariant."""
     if quantization == "gguf":
-        return load_gguf(config, max_positions, dtype, device, load_format)
+        return load_gguf(config, max_positions, dtype, device, load_format, gguf_kernel)
     default_dtype = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
@@ -55,7 +56,12 @@ def load_model(
 
 
 def load_gguf(
-    config: ModelConfig, max_positions: int, dtype: torch.dtype, device: torch.device, load_format: str
+    config: ModelConfig,
+    max_positions: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    load_format: str,
+    kernel: str = "float",
 ) -> LlamaForCausalLM:
     if device.type != "cpu" or dtype != torch.float32 or load_format != "safetensors":
         raise ValueError(
@@ -64,7 +70,7 @@ def load_gguf(
         )
     if config.path is None:
         raise ValueError("quantization='gguf' needs a model directory")
-    return load_gguf_model(config, max_positions, find_gguf(config.path))
+    return load_gguf_model(config, max_positions, find_gguf(config.path), int8=kernel == "int8")
 
 
 def fill_random(model: LlamaForCausalLM, seed: int = 0) -> None:
