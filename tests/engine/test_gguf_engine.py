@@ -97,6 +97,12 @@ def test_weights_stay_in_their_blocks(gguf_llama: Path) -> None:
     assert set(types) == set(TYPES) and all(size > 0 for size in types.values())
     facts = engine_facts(llm.engine)  # the worker's ready line
     assert facts["weight_bytes"] == types and facts["kernels"] in ("cpu", "torch")
+    if facts["kernels"] == "cpu":
+        assert facts["weight_kernels"] in (
+            "gguf float, AVX2",
+            "gguf float, AVX-512 VNNI",
+            "gguf float, scalar",
+        )
 
 
 def test_a_directory_without_a_gguf_file_says_so(tiny_llama: Path) -> None:
