@@ -8,7 +8,8 @@ de-quantized by transformers): issue 29's fidelity bars, on 24 chat prompts.
   tokens, run as one prefill through each model): at least 98%.
 
 Both run the kernels' float path (``gguf_kernel="float"``, the default: the weights de-quantized in
-registers, float32 activations), which differs from float32 by summation order only. The int8 path
+registers, float32 activations), which differs from float32 by summation order only: measured 24 of 24
+sharing all 48 tokens, and 1536 of 1536 positions agreeing. The int8 path
 (activations quantized per 32 values) missed the first bar: 14 of 24, mean 23.8 (bench/RESULTS.md), its
 partings all at near-ties of float32's own; what is held for it here is that every parting is such a
 near-tie."""
