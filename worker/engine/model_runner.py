@@ -82,7 +82,7 @@ class ModelRunner:
         self.batch_invariant = self.model.batch_invariant
         if config.batch_invariant and not self.batch_invariant:
             logger.warning(
-                "batch_invariant asked for, but it needs float32 on CPU with the C++ kernels and no "
+                "batch_invariant asked for, but it needs float32 on CPU with the C++ kernels and no fp16 "
                 "quantization: a request's tokens may depend on its batch"
             )
         self.num_blocks = self._num_kv_blocks(model_config)

@@ -7,6 +7,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from kernels import backend_for
 from worker.engine.model.cpu_linears import pack_linears
 from worker.engine.model.gguf_loader import find_gguf, load_gguf_model
 from worker.engine.model.llama import LlamaForCausalLM
@@ -38,7 +39,10 @@ def load_model(
     """The model, filled and with its linears packed for the device (``cpu_linears.pack_linears``); its
     ``batch_invariant`` says whether they came out batch-invariant."""
     if quantization == "gguf":
-        return load_gguf(config, max_positions, dtype, device, load_format, gguf_kernel)
+        model = load_gguf(config, max_positions, dtype, device, load_format, gguf_kernel)
+        # Both GGUF kernel paths compute a row from that row alone, in a fixed order.
+        model.batch_invariant = batch_invariant and backend_for(device) == "cpu"
+        return model
     default_dtype = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
