@@ -10,6 +10,7 @@ import redis
 
 from core.models import storable
 from core.streams import STREAM_TTL_S, StreamEntry, channel_key, stream_key
+from worker.os_threads import name_this_thread
 
 logger = logging.getLogger("pagedq.worker")
 
@@ -39,6 +40,7 @@ class TokenStreamer:
         self._thread.join(timeout=10)
 
     def _run(self) -> None:
+        name_this_thread("pagedq-streamer")
         while True:
             batch = [self._pieces.get()]
             while not self._pieces.empty():
