@@ -161,7 +161,8 @@ class EngineLoop(Generic[E]):
         self.flights.fold(flight, output, self._token_text)
         if self.streamer is not None and not flight.job.in_batch:
             text = "".join(sample.text for sample in output.outputs if sample.index == 0)
-            self.streamer.put(flight.job.id, flight.job.attempt, text, output.finished)
+            whole = flight.result.choices[0].text  # this thread alone changes it
+            self.streamer.feed(flight.job.id, flight.job.attempt, text, whole, output.finished)
         if output.finished and output.error is not None:  # its constraint failed
             self.flights.end(flight, JobStatus.FAILED, error=f"rejected by the engine: {output.error}")
         elif output.finished:
