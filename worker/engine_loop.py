@@ -101,7 +101,7 @@ class EngineLoop(Generic[E]):
         return dict(self._stats) or {"num_running": 0, "num_waiting": 0, "kv_cache_usage": 0.0}
 
     def _run(self) -> None:
-        name_this_thread("pagedq-engine")
+        name_this_thread("pagedq-engine", bookkeeping=False)
         try:
             self.engine = self.build_engine()
         except BaseException as error:  # start() re-raises it in the main thread

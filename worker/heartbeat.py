@@ -52,7 +52,7 @@ class Heartbeat:
             logger.warning("could not leave the workers table", extra={"error": describe(error)})
 
     def _run(self) -> None:
-        name_this_thread("pagedq-heartbeat")
+        name_this_thread("pagedq-heartbeat", bookkeeping=False)  # liveness first
         while not self._stopping.wait(self.period):
             if self.writes_work():
                 self._beat()
