@@ -22,6 +22,7 @@ class Watchers:
         self._redis, self._read_every = client, read_every
         self._until: dict[str, float] = {}  # job id -> until when (unix seconds) someone reads it
         self._stopping = threading.Event()
+        self._failures = 0  # tries to reach Redis failed in a row
         self._thread = threading.Thread(target=self._run, name="pagedq-watchers", daemon=True)
         self._thread.start()
 
@@ -38,8 +39,10 @@ class Watchers:
             try:
                 self._listen()
             except redis.RedisError as error:  # runs go unstreamed meanwhile; readers fall back on the row
-                logger.warning("could not follow the job readers", extra={"error": str(error)})
-                self._stopping.wait(1.0)
+                self._failures += 1
+                level = logging.WARNING if self._failures == 1 else logging.DEBUG  # once per outage
+                logger.log(level, "could not follow the job readers", extra={"error": str(error)})
+                self._stopping.wait(min(self._failures, 5))
 
     def _listen(self) -> None:
         with self._redis.pubsub(ignore_subscribe_messages=True) as pubsub:
@@ -60,3 +63,4 @@ class Watchers:
         pipe.zremrangebyscore(WATCHED_KEY, "-inf", now - WATCH_TTL_S)  # long gone readers
         watched, _ = pipe.execute()
         self._until = {job_id.decode(): until for job_id, until in watched}
+        self._failures = 0
