@@ -19,6 +19,7 @@ router = APIRouter(tags=["classic"])
 
 class GenerateIn(SamplingSpec):
     prompt: Text = Field(min_length=1)
+    model: str | None = Field(None, description="a served generate model; default: the first listed")
     stream: Literal[False] = Field(
         False, description="streaming: use /v1/completions or /v1/jobs/{id}/events"
     )

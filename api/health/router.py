@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from fastapi import APIRouter, Response
 from prometheus_client import CONTENT_TYPE_LATEST
-from sqlalchemy import exists, select, text
+from sqlalchemy import select, text
 
 from api.deps import Service, ServiceDep
 from api.health.schemas import Health, Readiness
@@ -69,11 +69,14 @@ def _ping_broker(service: Service) -> None:
 
 
 def _find_live_worker(service: Service) -> None:
-    model, timeout = service.settings.served_model_name, service.settings.heartbeat_timeout
-    live = exists().where(Worker.model == model, Worker.alive(timeout))
+    """Each served model has a live worker, but those listed with ``workers = 0`` (scaled from zero
+    elsewhere, by KEDA on their queue's depth: docs/scale-out.md)."""
+    timeout = service.settings.heartbeat_timeout
+    wanted = [entry.name for entry in service.models.entries if entry.workers > 0]
     with service.db_engine.connect() as connection:
-        if not connection.scalar(select(live)):
-            raise NotReady(f"no worker serving {model} has heartbeated in the last {timeout:g} s")
+        live = set(connection.scalars(select(Worker.model).where(Worker.alive(timeout)).distinct()))
+    if missing := [name for name in wanted if name not in live]:
+        raise NotReady(f"no worker serving {', '.join(missing)} has heartbeated in the last {timeout:g} s")
 
 
 @router.get(

@@ -160,13 +160,14 @@ def list_jobs(
     status: Annotated[list[JobStatus] | None, Query(description="only jobs in these states")] = None,
     batch_id: Annotated[str | None, Query(description="only the jobs of this batch")] = None,
     key: Annotated[str | None, Query(description="only the jobs this key (its name or id) submitted")] = None,
+    model: Annotated[str | None, Query(description="only the jobs of this served model")] = None,
 ) -> JobList:
     metadata = {
         key.removeprefix("metadata."): value
         for key, value in request.query_params.multi_items()
         if key.startswith("metadata.")
     }
-    page, has_more = jobs.page(service, caller, limit, after, status or [], metadata, batch_id, key)
+    page, has_more = jobs.page(service, caller, limit, after, status or [], metadata, batch_id, key, model)
     return JobList(
         data=[JobOut.of(job) for job in page],
         has_more=has_more,

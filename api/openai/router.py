@@ -46,9 +46,7 @@ async def _complete(
     body: dict[str, Any], request: Request, service: ServiceDep, caller: Caller, endpoint: str
 ) -> Response:
     try:
-        spec, fills_context, stream, include_usage = openai_online.online_request(
-            body, endpoint, service.settings.served_model_name
-        )
+        spec, fills_context, stream, include_usage = openai_online.online_request(body, endpoint)
         job = await openai_online.submit(service, caller, spec, fills_context)
         if stream:
             chunks = openai_online.stream_chunks(service, job, endpoint, include_usage)
@@ -61,18 +59,14 @@ async def _complete(
         return error.response()
 
 
-@router.get("/models", summary="The served model, as OpenAI lists models")
+@router.get("/models", summary="The served models, as OpenAI lists models")
 def list_models(service: ServiceDep) -> dict[str, Any]:
-    return {"object": "list", "data": [_model(service.settings.served_model_name)]}
+    return {"object": "list", "data": [_model(entry.name) for entry in service.models.entries]}
 
 
-@router.get("/models/{model_id}", summary="One model", responses=UNKNOWN_MODEL)
-def get_model(model_id: str, service: ServiceDep) -> Response:
-    served = service.settings.served_model_name
-    if model_id != served:
-        message = f"model {model_id!r} is not served here; this service serves {served!r}"
-        return OpenAIError(404, message, "model", "model_not_found").response()
-    return JSONResponse(_model(served))
+@router.get("/models/{model_id:path}", summary="One model", responses=UNKNOWN_MODEL)
+def get_model(model_id: str, service: ServiceDep) -> dict[str, Any]:
+    return _model(service.models.entry(model_id).name)
 
 
 def _model(name: str) -> dict[str, Any]:
