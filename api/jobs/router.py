@@ -9,7 +9,7 @@ from starlette.concurrency import run_in_threadpool
 from api.deps import Service, ServiceDep
 from api.http.auth import CallerDep
 from api.http.caller import OPEN
-from api.http.responses import DATABASE_DOWN, INVALID, InvalidOut, error, not_found
+from api.http.responses import DATABASE_DOWN, INVALID, MODEL_REFUSED, InvalidOut, error, not_found
 from api.jobs import queries as jobs
 from api.jobs.schemas import JobDeleted, JobList, JobOut, JobRequest
 from api.jobs.streams import encoded, job_events
@@ -63,9 +63,10 @@ Prefer = Annotated[
             "headers": LOCATION | APPLIED,
         },
         **COMMON,
+        **MODEL_REFUSED,
         422: {
             "model": InvalidOut,
-            "description": "Invalid body, prompt longer than the context, wrong model, key reused",
+            "description": "Invalid body, prompt longer than the context, key reused",
         },
     },
 )

@@ -15,7 +15,7 @@ from api.batches.lines import CHAT, COMPLETIONS
 from api.deps import ServiceDep
 from api.http.auth import CallerDep
 from api.http.caller import Caller
-from api.http.responses import INVALID
+from api.http.responses import INVALID, MODEL_REFUSED
 from api.openai import online as openai_online
 from api.openai.online import OpenAIError
 
@@ -24,7 +24,11 @@ STARTED = int(time.time())
 OpenAIBody = Annotated[
     dict[str, Any], Body(description="OpenAI's request body; unsupported fields are a 400 that names them")
 ]
-BAD_REQUEST = INVALID | {400: {"description": "Invalid request: `{error: {message, type, param, code}}`"}}
+BAD_REQUEST = (
+    INVALID
+    | MODEL_REFUSED
+    | {400: {"description": "Invalid request: `{error: {message, type, param, code}}`"}}
+)
 UNKNOWN_MODEL = INVALID | {404: {"description": "No such model is served"}}
 
 

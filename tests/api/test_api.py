@@ -671,7 +671,7 @@ def test_openapi_document_is_valid_and_declares_every_response(client: TestClien
         for method, operation in operations.items()
     }
     assert declared == {
-        ("/v1/jobs", "post"): {"200", "202", "422", "503"},
+        ("/v1/jobs", "post"): {"200", "202", "400", "404", "422", "503"},
         ("/v1/jobs", "get"): {"200", "422", "503"},
         ("/v1/jobs/{job_id}", "get"): {"200", "404", "422", "503"},
         ("/v1/jobs/{job_id}/events", "get"): {"200", "404", "422", "503"},
@@ -681,7 +681,7 @@ def test_openapi_document_is_valid_and_declares_every_response(client: TestClien
         ("/v1/files/{file_id}", "get"): {"200", "404", "422"},
         ("/v1/files/{file_id}", "delete"): {"200", "404", "409", "422"},
         ("/v1/files/{file_id}/content", "get"): {"200", "404", "422"},
-        ("/v1/batches", "post"): {"200", "404", "422"},
+        ("/v1/batches", "post"): {"200", "400", "404", "422"},
         ("/v1/batches", "get"): {"200", "422"},
         ("/v1/batches/{batch_id}", "get"): {"200", "404", "422"},
         ("/v1/batches/{batch_id}", "delete"): {"200", "404", "409", "422"},
@@ -692,11 +692,11 @@ def test_openapi_document_is_valid_and_declares_every_response(client: TestClien
         ("/v1/batches/{batch_id}/latency", "get"): {"200", "404", "422"},
         ("/v1/overview", "get"): {"200", "503"},
         ("/v1/usage", "get"): {"200", "422", "503"},
-        ("/v1/chat/completions", "post"): {"200", "400", "422"},
-        ("/v1/completions", "post"): {"200", "400", "422"},
+        ("/v1/chat/completions", "post"): {"200", "400", "404", "422"},
+        ("/v1/completions", "post"): {"200", "400", "404", "422"},
         ("/v1/models", "get"): {"200"},
         ("/v1/models/{model_id}", "get"): {"200", "404", "422"},
-        ("/generate", "post"): {"200", "422"},
+        ("/generate", "post"): {"200", "400", "404", "422"},
         ("/healthz", "get"): {"200"},
         ("/readyz", "get"): {"200", "503"},
         ("/metrics", "get"): {"200"},

@@ -157,7 +157,7 @@ NOT_OBJECT_SCOPED = {
     ("POST", "/generate"),
     ("GET", "/v1/models"),
     ("GET", "/v1/usage"),  # rows scoped by key, not objects: tests/api/test_usage.py checks isolation
-    ("GET", "/v1/models/{model_id}"),
+    ("GET", "/v1/models/{model_id:path}"),  # a served name may hold a slash (org/model)
     ("GET", "/healthz"),
     ("GET", "/readyz"),  # admin only
     ("GET", "/metrics"),  # admin only
