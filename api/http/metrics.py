@@ -152,6 +152,12 @@ def job_counts(session: Session, *where: ColumnElement[bool]) -> dict[JobStatus,
     return counts
 
 
+def live_workers_by_model(sessions: sessionmaker[Session], heartbeat_timeout: float) -> dict[str, int]:
+    counted = select(Worker.model, func.count()).where(Worker.alive(heartbeat_timeout)).group_by(Worker.model)
+    with sessions() as session:
+        return dict(session.execute(counted).tuples().all())
+
+
 def live_workers(session: Session, heartbeat_timeout: float) -> list[Worker]:
     return list(session.scalars(select(Worker).where(Worker.alive(heartbeat_timeout)).order_by(Worker.id)))
 

@@ -12,12 +12,14 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.sse import EventSourceResponse
 
 from api.batches.lines import CHAT, COMPLETIONS
-from api.deps import ServiceDep
+from api.deps import Service, ServiceDep
 from api.http.auth import CallerDep
 from api.http.caller import Caller
+from api.http.metrics import live_workers_by_model
 from api.http.responses import INVALID, MODEL_REFUSED
 from api.openai import online as openai_online
 from api.openai.online import OpenAIError
+from core.served_models import ModelEntry
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 STARTED = int(time.time())
@@ -63,15 +65,30 @@ async def _complete(
         return error.response()
 
 
-@router.get("/models", summary="The served models, as OpenAI lists models")
+@router.get("/models", summary="The served models, as OpenAI lists models, with their kind and context")
 def list_models(service: ServiceDep) -> dict[str, Any]:
-    return {"object": "list", "data": [_model(entry.name) for entry in service.models.entries]}
+    live = live_workers_by_model(service.sessions, service.settings.heartbeat_timeout)
+    return {"object": "list", "data": [_model(service, entry, live) for entry in service.models.entries]}
 
 
 @router.get("/models/{model_id:path}", summary="One model", responses=UNKNOWN_MODEL)
 def get_model(model_id: str, service: ServiceDep) -> dict[str, Any]:
-    return _model(service.models.entry(model_id).name)
+    live = live_workers_by_model(service.sessions, service.settings.heartbeat_timeout)
+    return _model(service, service.models.entry(model_id), live)
 
 
-def _model(name: str) -> dict[str, Any]:
-    return {"id": name, "object": "model", "created": STARTED, "owned_by": "pagedq"}
+def _model(service: Service, entry: ModelEntry, live: dict[str, int]) -> dict[str, Any]:
+    """OpenAI's fields, then pagedq's: a generate model's context length is its encoder's (loaded
+    on first use); an embedding model's is its worker's business (None here)."""
+    generate = entry.kind == "generate"
+    return {
+        "id": entry.name,
+        "object": "model",
+        "created": STARTED,
+        "owned_by": "pagedq",
+        "kind": entry.kind,
+        "context_length": service.models.encoder(entry.name).context_length if generate else None,
+        "dtype": entry.dtype,
+        "quantization": entry.quantization,
+        "live_workers": live.get(entry.name, 0),
+    }

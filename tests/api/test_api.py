@@ -536,6 +536,7 @@ def test_ready_only_while_a_live_worker_serves_the_model(
     assert response.json() == {
         "status": "unavailable",
         "checks": {"database": "ok", "broker": "ok", "worker": no_worker},
+        "models": {model: {"kind": "generate", "workers": 1, "live_workers": 0}},
     }
 
     with db.begin() as session:
@@ -547,7 +548,8 @@ def test_ready_only_while_a_live_worker_serves_the_model(
         session.add(Worker(id="live:1", model=model, heartbeat_at=utcnow()))
     response = client.get("/readyz")
     assert response.status_code == 200
-    assert response.json() == {"status": "ok", "checks": {"database": "ok", "broker": "ok", "worker": "ok"}}
+    assert response.json()["checks"] == {"database": "ok", "broker": "ok", "worker": "ok"}
+    assert response.json()["models"][model]["live_workers"] == 1
 
 
 @pytest.mark.parametrize(

@@ -11,6 +11,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from api.app import create_app
+from core.models import Worker, utcnow
 from core.queue import make_celery, queue_depth, queue_name
 from core.settings import Settings
 from tests.support.tiny_models import make_tiny_model
@@ -124,3 +125,20 @@ def test_a_batch_runs_its_first_lines_model_and_refuses_lines_naming_another(
     bad = batch(names["short"], names["chat"], "gpt-4")
     codes = [(error["line"], error["code"]) for error in bad["errors"]["data"]]
     assert bad["status"] == "failed" and codes == [(2, "model_mismatch"), (3, "model_not_found")]
+
+
+def test_models_and_readiness_report_each_models_kind_context_and_live_workers(
+    client: TestClient, names: dict[str, str]
+) -> None:
+    with client.app.state.service.sessions.begin() as session:
+        session.add(Worker(id="w:1", model=names["short"], heartbeat_at=utcnow(), stats={}))
+    listed = {m["id"]: m for m in client.get("/v1/models").json()["data"]}
+    assert {name: (m["kind"], m["context_length"], m["live_workers"]) for name, m in listed.items()} == {
+        names["chat"]: ("generate", 1024, 0),
+        names["short"]: ("generate", 64, 1),
+        names["embed"]: ("embed", None, 0),
+    }
+    ready = client.get("/readyz").json()
+    assert ready["models"][names["short"]] == {"kind": "generate", "workers": 1, "live_workers": 1}
+    # The chat model has no live worker; the embedding model, listed with workers = 0, needs none.
+    assert ready["checks"]["worker"].startswith(f"failed: no worker serving {names['chat']} has")
