@@ -72,9 +72,7 @@ def engine_facts(engine: LLMEngine) -> dict[str, Any]:
         "kv_cache_bytes": runner.kv_cache_bytes,
         "max_model_len": engine.max_model_len,
     }
-    if weights := runner.weight_types:
-        facts["weight_bytes"] = weights
-    return facts
+    return facts | runner.weights_summary()
 
 
 def served_entry(settings: Settings, model: str | None) -> ModelEntry:
