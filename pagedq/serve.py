@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import uvicorn
 from uvicorn.supervisors import Multiprocess
 
+from core.served_models import ModelEntry, served_models
 from core.settings import Settings
 
 if TYPE_CHECKING:
@@ -30,12 +31,12 @@ def migrate(settings: Settings) -> None:
 def serve_api(settings: Settings) -> int:
     """Refuses to start (1) when auth is required and there is no key nor ``PAGEDQ_ADMIN_KEY``."""
     from api.app import create_app
-    from worker.engine.default_model import resolve_model
 
     if not bootstrap_keys(settings):
         return 1
     logger.info("auth " + auth_mode(settings), extra={"host": settings.host})
-    model_dir = resolve_model(settings.model)  # build the default model once, before any child wants it
+    for entry in served_models(settings):  # build the built-in models once, before any child wants them
+        model_dir(entry)
     options = {"host": settings.host, "port": settings.port, "log_config": None, "access_log": False}
     if settings.api_workers <= 1:
         GracefulServer(uvicorn.Config(create_app(settings, model_dir), **options)).run()
@@ -86,11 +87,18 @@ def api_app() -> "FastAPI":
     """The app of one of several API processes (``PAGEDQ_API_WORKERS`` > 1)."""
     from api.app import create_app
     from pagedq.logs import configure_logging
-    from worker.engine.default_model import resolve_model
 
     settings = Settings()
     configure_logging(settings.log_level, settings.log_format)  # a spawned process starts with none set up
-    return create_app(settings, resolve_model(settings.model))
+    return create_app(settings, model_dir)
+
+
+def model_dir(entry: ModelEntry) -> Path:
+    """A served model's Hugging Face directory (its tokenizer, config, weights): a built-in one is
+    built in the cache on first use."""
+    from worker.engine.default_model import resolve_model
+
+    return resolve_model(entry.source)
 
 
 class PatientMultiprocess(Multiprocess):
@@ -126,10 +134,16 @@ class GracefulServer(uvicorn.Server):
                 signal.signal(sig, handler)
 
 
-def serve_worker(settings: Settings, ready_fd: int | None = None) -> None:
+def serve_worker(settings: Settings, ready_fd: int | None = None, model: str | None = None) -> int:
+    """Refuses to start (1) for a model that is not served here, or one this build cannot serve."""
+    from core.served_models import ModelsError
     from worker.main import run_worker
 
-    run_worker(settings, ready_fd)
+    try:
+        run_worker(settings, ready_fd, model)
+    except ModelsError as error:
+        print(f"pagedq: {error}", file=sys.stderr)
+        return 1
     # Its results are written and it has left the workers table: skip the interpreter's teardown (seconds
     # of torch's on a busy machine, with perhaps an engine step still running), which the grace promised.
     logging.shutdown()

@@ -17,8 +17,10 @@ from celery import Celery
 from celery.exceptions import Reject
 from celery.signals import worker_ready, worker_shutting_down
 
+from contract.engine import EngineConfig
 from core.purge import Purger
 from core.queue import PROBE_QUEUE_TASK, RUN_JOB_TASK, make_celery, publish_job, publish_probe, queue_name
+from core.served_models import ModelEntry, ModelsError, default_model, model_named
 from core.settings import Settings
 from core.streams import stream_dropper, streams_url
 from core.webhooks import Outbox
@@ -75,12 +77,38 @@ def engine_facts(engine: LLMEngine) -> dict[str, Any]:
     return facts | runner.weights_summary()
 
 
-def run_worker(settings: Settings, ready_fd: int | None = None) -> None:
-    """Serves the model's queue until a signal; once it consumes, says so in a log record and, with
-    ``ready_fd`` (``pagedq up``), as one JSON line on that file descriptor."""
+def served_entry(settings: Settings, model: str | None) -> ModelEntry:
+    """The served model a worker runs: ``--model``'s, else the default (the first generate model)."""
+    return model_named(settings, model) if model else default_model(settings)
+
+
+def run_worker(settings: Settings, ready_fd: int | None = None, model: str | None = None) -> None:
+    """Serves one model's queue until a signal (``model``: its served name; None: the first generate
+    model); once it consumes, says so in a log record and, with ``ready_fd`` (``pagedq up``), as one JSON
+    line on that file descriptor. Raises ``ModelsError`` for a model that is not served here."""
+    entry = served_entry(settings, model)
+    if entry.kind == "embed":
+        run_embedding_worker(settings, entry, ready_fd)
+        return
+    run_generate_worker(settings, entry, ready_fd)
+
+
+def run_embedding_worker(settings: Settings, entry: ModelEntry, ready_fd: int | None) -> None:
+    try:
+        from worker.embedding_host import run_embedding_worker as run
+    except ImportError:
+        raise ModelsError(
+            f"model {entry.name!r} is of kind 'embed', and this build has no embedding worker "
+            "(worker/embedding_host.py)"
+        ) from None
+    run(settings, entry, ready_fd)
+
+
+def run_generate_worker(settings: Settings, entry: ModelEntry, ready_fd: int | None) -> None:
     worker_id = f"{socket.gethostname()}:{os.getpid()}"
     set_bookkeeping_nice(settings.bookkeeping_nice)
-    queue = queue_name(settings.served_model_name)
+    engine_config = entry.engine_config(settings.engine_config())
+    queue = queue_name(entry.name)
     app = make_celery(settings)
 
     def publish(job_id: str, priority: int) -> None:
@@ -89,14 +117,14 @@ def run_worker(settings: Settings, ready_fd: int | None = None) -> None:
     outbox = Outbox(settings, app)  # job ends become webhook deliveries, published by the flusher thread
     connections = WorkerConnections.connect(settings)
     fair_aging = settings.fair_aging_seconds if settings.fair_share else None
-    store = JobStore(
-        connections.job_sessions, settings.served_model_name, outbox, settings.max_attempts, fair_aging
-    )
+    store = JobStore(connections.job_sessions, entry.name, outbox, settings.max_attempts, fair_aging)
     url = streams_url(settings)
     streamer = TokenStreamer(url) if url else None
     health = WorkerHealth(settings.resolved_worker_status_file, settings.heartbeat_period, worker_id)
-    heartbeats = JobStore(connections.heartbeat_sessions, settings.served_model_name)
-    host = engine_host(settings, store, heartbeats, publish, worker_id, health, streamer, connections.turns)
+    heartbeats = JobStore(connections.heartbeat_sessions, entry.name)
+    host = engine_host(
+        settings, engine_config, store, heartbeats, publish, worker_id, health, streamer, connections.turns
+    )
     register_run_job(app, host)
     reconciler = Reconciler(
         store,
@@ -110,7 +138,7 @@ def run_worker(settings: Settings, ready_fd: int | None = None) -> None:
         host.connectivity,
     )
     register_probe_queue(app, reconciler, connections.turns)
-    facts = {"worker_id": worker_id, "model": settings.served_model_name, "queue": queue}
+    facts = {"worker_id": worker_id, "model": entry.name, "kind": entry.kind, "queue": queue}
     handle_signals(host, settings, facts, ready_fd)
     host.start()
     stop_reconciling = threading.Event()
@@ -118,7 +146,7 @@ def run_worker(settings: Settings, ready_fd: int | None = None) -> None:
         target=reconciler.run, args=(settings.reconcile_interval, stop_reconciling), daemon=True
     ).start()
     try:
-        consume(app, settings, queue)
+        consume(app, settings, queue, settings.worker_concurrency or engine_config.max_num_seqs)
     finally:
         stop_reconciling.set()
         host.stop()
@@ -130,6 +158,7 @@ def run_worker(settings: Settings, ready_fd: int | None = None) -> None:
 
 def engine_host(
     settings: Settings,
+    engine_config: EngineConfig,
     store: JobStore,
     heartbeats: JobStore,
     publish: Publish,
@@ -139,9 +168,10 @@ def engine_host(
     turns: threading.Semaphore,
 ) -> EngineHost:
     """The claimer, the engine loop and the flusher around one registry, and the heartbeat
-    (worker/host.py); ``heartbeats`` is a store on the heartbeat's own engine (worker/connections.py)."""
+    (worker/host.py), for an engine of ``engine_config``; ``heartbeats`` is a store on the heartbeat's
+    own engine (worker/connections.py)."""
     flights, connectivity = Flights(), Connectivity()
-    loop = EngineLoop(lambda: LLMEngine(settings.engine_config()), flights, streamer)
+    loop = EngineLoop(lambda: LLMEngine(engine_config), flights, streamer)
     # Past the drain deadline, failed writes are retried until other workers would take over our jobs.
     drain = Drain(write_grace=settings.heartbeat_timeout)
     flusher = Flusher(
@@ -197,13 +227,13 @@ def handle_signals(host: EngineHost, settings: Settings, facts: dict[str, Any], 
     worker_ready.connect(ready, weak=False)
 
 
-def consume(app: Celery, settings: Settings, queue: str) -> None:
+def consume(app: Celery, settings: Settings, queue: str, concurrency: int) -> None:
     app.worker_main(
         [
             "--quiet",  # no banner: the "worker ready" record says what matters
             "worker",
             "--pool=threads",
-            f"--concurrency={settings.jobs_held_per_worker}",
+            f"--concurrency={concurrency}",  # jobs held at once
             f"--queues={queue}",
             f"--hostname=pagedq-{os.getpid()}@%h",
             f"--loglevel={settings.log_level}",

@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 
 from api.batches.bulk_insert import insert_jobs
 from api.batches.check import BadLines, CheckedLine
-from api.batches.lines import LineError
+from api.batches.lines import BatchModel, LineError, first_model
 from api.batches.schemas import BatchIn, BatchOut
 from api.deps import Service
 from api.files.queries import find as find_file
@@ -45,9 +45,12 @@ def create(service: Service, caller: Caller, request: BatchIn) -> BatchOut:
     content = _input_file(service, caller, request.input_file_id)
     if request.webhook_url is not None:
         check_webhook_url(service, str(request.webhook_url))
-    batch = _new_batch(service, request)
+    named = first_model(content)  # a batch runs one model; a line naming an unserved one is a bad line
+    model = service.models.generating(named if named in service.models.names else None).name
+    batch = _new_batch(service, request, model)
     batch.key_id = caller.key_id
-    lines = service.batch_checker.check(content, request.endpoint, service.settings.served_model_name)
+    batch_model = BatchModel(model, tuple(service.models.names))
+    lines = service.models.checker(model).check(content, request.endpoint, batch_model)
     try:
         _start(service, caller, batch, lines)
     except BadLines as bad:
@@ -78,12 +81,12 @@ def _input_file(service: Service, caller: Caller, file_id: str) -> bytes:
     return row.content
 
 
-def _new_batch(service: Service, request: BatchIn) -> Batch:
+def _new_batch(service: Service, request: BatchIn, model: str) -> Batch:
     now = utcnow()
     return Batch(
         id=new_batch_id(),
         endpoint=request.endpoint,
-        model=service.settings.served_model_name,
+        model=model,
         input_file_id=request.input_file_id,
         completion_window=request.completion_window,
         meta=request.metadata,
@@ -126,7 +129,7 @@ def _start(service: Service, caller: Caller, batch: Batch, lines: Iterable[Check
         if caller.key_id is not None and caller.limits is not None:
             hold_keys(session, [caller.key_id])  # counted after every other submission of the key
         check_active(session, caller, batch.total, inserted=True)  # refused: all of it rolls back
-    service.bulk_publisher.publish(ids, batch.priority)
+    service.bulk_publisher.publish(ids, service.models.queue(batch.model), batch.priority)
 
 
 def _shared_by_jobs(batch: Batch) -> dict[str, Any]:
