@@ -9,10 +9,10 @@ heartbeat (worker/heartbeat.py) beats on a thread and a connection of its own.
 """
 
 from dataclasses import dataclass
+from typing import Any
 
 from worker.claimer import Claimer, RunResult
 from worker.connectivity import Connectivity
-from worker.engine import LLMEngine
 from worker.engine_loop import EngineLoop
 from worker.flusher import Flusher
 from worker.health import WorkerHealth
@@ -22,7 +22,7 @@ from worker.heartbeat import Heartbeat
 @dataclass
 class EngineHost:
     claimer: Claimer
-    loop: EngineLoop[LLMEngine]
+    loop: EngineLoop[Any]  # of an LLMEngine, or of an embedding engine (worker/embedding_host.py)
     flusher: Flusher
     heartbeat: Heartbeat
     health: WorkerHealth

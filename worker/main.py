@@ -10,6 +10,8 @@ import os
 import signal
 import socket
 import threading
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -35,6 +37,7 @@ from worker.health import WorkerHealth
 from worker.heartbeat import Heartbeat
 from worker.host import EngineHost
 from worker.reconciler import Reconciler
+from worker.results import EmbeddingResult, JobResult
 from worker.store import JobStore
 from worker.streamer import TokenStreamer
 
@@ -78,8 +81,29 @@ def engine_facts(engine: LLMEngine) -> dict[str, Any]:
 def run_worker(settings: Settings, ready_fd: int | None = None) -> None:
     """Serves the model's queue until a signal; once it consumes, says so in a log record and, with
     ``ready_fd`` (``pagedq up``), as one JSON line on that file descriptor."""
+    serve(settings, settings.served_model_name, generation(settings), ready_fd)
+
+
+@dataclass(frozen=True)
+class Kind:
+    """What differs between a generation worker and an embedding worker (worker/embedding_host.py)."""
+
+    make_loop: Callable[[Flights, TokenStreamer | None], EngineLoop[Any]]
+    result_of: Callable[[dict[str, Any], float], JobResult | EmbeddingResult]  # a claimed run's result
+    facts: Callable[[Any], dict[str, Any]]  # the engine's, for the ready line
+    streams: bool = True  # whether runs' text goes to Redis streams
+
+
+def generation(settings: Settings) -> Kind:
+    """A worker of the chat model that ``settings`` name."""
+    build = lambda: LLMEngine(settings.engine_config())  # noqa: E731
+    return Kind(lambda flights, streamer: EngineLoop(build, flights, streamer), JobResult.of, engine_facts)
+
+
+def serve(settings: Settings, model: str, kind: Kind, ready_fd: int | None = None) -> None:
+    """Serves the queue of ``model`` with an engine of ``kind`` until a signal (see ``run_worker``)."""
     worker_id = f"{socket.gethostname()}:{os.getpid()}"
-    queue = queue_name(settings.served_model_name)
+    queue = queue_name(model)
     app = make_celery(settings)
 
     def publish(job_id: str, priority: int) -> None:
@@ -88,14 +112,14 @@ def run_worker(settings: Settings, ready_fd: int | None = None) -> None:
     outbox = Outbox(settings, app)  # job ends become webhook deliveries, published by the flusher thread
     connections = WorkerConnections.connect(settings)
     fair_aging = settings.fair_aging_seconds if settings.fair_share else None
-    store = JobStore(
-        connections.job_sessions, settings.served_model_name, outbox, settings.max_attempts, fair_aging
-    )
-    url = streams_url(settings)
+    store = JobStore(connections.job_sessions, model, outbox, settings.max_attempts, fair_aging)
+    url = streams_url(settings) if kind.streams else None
     streamer = TokenStreamer(url) if url else None
     health = WorkerHealth(settings.resolved_worker_status_file, settings.heartbeat_period, worker_id)
-    heartbeats = JobStore(connections.heartbeat_sessions, settings.served_model_name)
-    host = engine_host(settings, store, heartbeats, publish, worker_id, health, streamer, connections.turns)
+    heartbeats = JobStore(connections.heartbeat_sessions, model)
+    host = engine_host(
+        settings, store, heartbeats, publish, worker_id, health, streamer, connections.turns, kind
+    )
     register_run_job(app, host)
     reconciler = Reconciler(
         store,
@@ -109,8 +133,8 @@ def run_worker(settings: Settings, ready_fd: int | None = None) -> None:
         host.connectivity,
     )
     register_probe_queue(app, reconciler, connections.turns)
-    facts = {"worker_id": worker_id, "model": settings.served_model_name, "queue": queue}
-    handle_signals(host, settings, facts, ready_fd)
+    facts = {"worker_id": worker_id, "model": model, "queue": queue}
+    handle_signals(host, settings, facts, ready_fd, kind.facts)
     host.start()
     stop_reconciling = threading.Event()
     threading.Thread(
@@ -136,11 +160,14 @@ def engine_host(
     health: WorkerHealth,
     streamer: TokenStreamer | None,
     turns: threading.Semaphore,
+    kind: Kind | None = None,
 ) -> EngineHost:
     """The claimer, the engine loop and the flusher around one registry, and the heartbeat
-    (worker/host.py); ``heartbeats`` is a store on the heartbeat's own engine (worker/connections.py)."""
+    (worker/host.py); ``heartbeats`` is a store on the heartbeat's own engine (worker/connections.py).
+    ``kind``: the engine's (default: generation, on ``settings``' model)."""
+    kind = kind or generation(settings)
     flights, connectivity = Flights(), Connectivity()
-    loop = EngineLoop(lambda: LLMEngine(settings.engine_config()), flights, streamer)
+    loop = kind.make_loop(flights, streamer)
     # Past the drain deadline, failed writes are retried until other workers would take over our jobs.
     drain = Drain(write_grace=settings.heartbeat_timeout)
     flusher = Flusher(
@@ -157,11 +184,17 @@ def engine_host(
     )
     period = settings.heartbeat_period
     heartbeat = Heartbeat(heartbeats, worker_id, period, loop.stats, flusher.writes_work, connectivity)
-    claimer = Claimer(flights, store, worker_id, drain, loop.add, flusher.backoff, turns)
+    claimer = Claimer(flights, store, worker_id, drain, loop.add, flusher.backoff, turns, kind.result_of)
     return EngineHost(claimer, loop, flusher, heartbeat, health)
 
 
-def handle_signals(host: EngineHost, settings: Settings, facts: dict[str, Any], ready_fd: int | None) -> None:
+def handle_signals(
+    host: EngineHost,
+    settings: Settings,
+    facts: dict[str, Any],
+    ready_fd: int | None,
+    engine_facts: Callable[[Any], dict[str, Any]] = engine_facts,
+) -> None:
     now, interrupted = threading.Event(), threading.Event()
 
     def drain(**_: object) -> None:  # Celery's warm shutdown: SIGTERM, or our first Ctrl-C
