@@ -1,7 +1,7 @@
 """The API's entry point: ``create_app`` builds the FastAPI app for one served model."""
 
 import gc
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -13,6 +13,8 @@ from api.batches import router as batches
 from api.batches.bulk_publisher import BulkPublisher
 from api.batches.check import BatchChecker
 from api.deps import Service, same_origin, storable_url
+from api.embeddings import router as embeddings
+from api.embeddings.encoder import EmbeddingEncoders
 from api.files import router as files
 from api.generate import router as generate
 from api.health import router as health
@@ -53,9 +55,11 @@ The web console is served at `/console`; it reads these same routes."""
 CONSOLE = Path(__file__).parent / "console"  # static files: HTML, CSS, JS and the vendored uPlot
 
 
-def create_app(settings: Settings, model_dir: Path) -> FastAPI:
-    """Raises ``keys.NoAdminKey`` when auth is required and no key exists or can be made."""
-    service = build_service(settings, model_dir)
+def create_app(settings: Settings, model_dir: Path, resolve: Callable[[str], Path] = Path) -> FastAPI:
+    """``resolve``: a served model's directory from its source (a built-in name or a directory; the
+    default takes sources as directories). Raises ``keys.NoAdminKey`` when auth is required and no key
+    exists or can be made."""
+    service = build_service(settings, model_dir, resolve)
     keys.bootstrap(service.sessions, settings)
 
     @asynccontextmanager
@@ -66,6 +70,7 @@ def create_app(settings: Settings, model_dir: Path) -> FastAPI:
         await run_in_threadpool(service.bulk_publisher.close)
         await run_in_threadpool(service.batch_checker.close)
         service.prompts.close()
+        service.embedders.close()
         if service.live is not None:
             await service.live.close()
         service.db_engine.dispose()
@@ -84,6 +89,7 @@ def create_app(settings: Settings, model_dir: Path) -> FastAPI:
     app.include_router(batches.router)
     app.include_router(webhooks.router)
     app.include_router(openai.router)
+    app.include_router(embeddings.router)
     app.include_router(generate.router)
     app.include_router(health.router)
     app.include_router(admin_keys.router)
@@ -103,7 +109,7 @@ def freeze_startup_heap() -> None:
     gc.freeze()
 
 
-def build_service(settings: Settings, model_dir: Path) -> Service:
+def build_service(settings: Settings, model_dir: Path, resolve: Callable[[str], Path] = Path) -> Service:
     engine = make_db_engine(settings)
     sessions = make_sessionmaker(engine)
     celery = make_celery(settings)
@@ -117,7 +123,8 @@ def build_service(settings: Settings, model_dir: Path) -> Service:
         prompts=prompts,
         batch_checker=BatchChecker(prompts, model_dir, prompts.engine, settings.batch_processes),
         waiter=JobWaiter(sessions),
-        submitter=Submitter(sessions, celery, queue),
+        submitter=Submitter(sessions, celery),
+        embedders=EmbeddingEncoders(settings, resolve),
         live=LiveStreams(url) if (url := streams_url(settings)) else None,
         metrics=Metrics(sessions, celery, queue, settings.heartbeat_timeout),
         bulk_publisher=BulkPublisher(celery, queue),

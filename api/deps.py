@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from api.batches.bulk_publisher import BulkPublisher
 from api.batches.check import BatchChecker
+from api.embeddings.encoder import EmbeddingEncoders
 from api.http.limits import KeyLimiter
 from api.http.metrics import Metrics
 from api.http.problems import Forbidden, Invalid
@@ -39,6 +40,7 @@ class Service:
     bulk_publisher: BulkPublisher  # a batch's jobs, published after its response
     limiter: KeyLimiter  # each key's request and token rates
     purger: Purger  # deletes what DELETE routes ask for, as retention does
+    embedders: EmbeddingEncoders  # the embedding models' tokenizers, each loaded on first use
 
     @property
     def queue(self) -> str:

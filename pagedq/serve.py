@@ -38,7 +38,7 @@ def serve_api(settings: Settings) -> int:
     model_dir = resolve_model(settings.model)  # build the default model once, before any child wants it
     options = {"host": settings.host, "port": settings.port, "log_config": None, "access_log": False}
     if settings.api_workers <= 1:
-        GracefulServer(uvicorn.Config(create_app(settings, model_dir), **options)).run()
+        GracefulServer(uvicorn.Config(create_app(settings, model_dir, resolve_model), **options)).run()
         return 0
     # uvicorn's supervisor spawns each process afresh: they import api_app, which reads the settings
     # from the environment, so the parent's are put there first.
@@ -90,7 +90,7 @@ def api_app() -> "FastAPI":
 
     settings = Settings()
     configure_logging(settings.log_level, settings.log_format)  # a spawned process starts with none set up
-    return create_app(settings, resolve_model(settings.model))
+    return create_app(settings, resolve_model(settings.model), resolve_model)
 
 
 class PatientMultiprocess(Multiprocess):

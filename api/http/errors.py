@@ -32,7 +32,14 @@ from api.http.problems import (
 from core.spec import escaped
 
 logger = logging.getLogger(__name__)
-OPENAI_ROUTES = ("/v1/files", "/v1/batches", "/v1/chat/completions", "/v1/completions", "/v1/models")
+OPENAI_ROUTES = (
+    "/v1/files",
+    "/v1/batches",
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/embeddings",
+    "/v1/models",
+)
 RETRY_LATER = {"Retry-After": "5"}  # on every 503: seconds a client should wait before it retries
 
 

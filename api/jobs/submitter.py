@@ -25,7 +25,7 @@ from api.http.caller import OPEN, Caller
 from api.http.limits import admit
 from api.http.problems import Invalid, TooMany
 from core.models import Job
-from core.queue import publish_jobs
+from core.queue import publish_jobs, queue_name
 from core.spec import escaped
 
 logger = logging.getLogger(__name__)
@@ -39,8 +39,8 @@ class Member(NamedTuple):
 
 
 class Submitter:
-    def __init__(self, sessions: sessionmaker[Session], celery: Celery, queue: str) -> None:
-        self._sessions, self._celery, self._queue = sessions, celery, queue
+    def __init__(self, sessions: sessionmaker[Session], celery: Celery) -> None:
+        self._sessions, self._celery = sessions, celery
         self._pending: list[Member] = []
         self._drainer: asyncio.Task[None] | None = None
 
@@ -92,13 +92,14 @@ class Submitter:
         return refused
 
     def publish(self, jobs: list[Job]) -> None:
-        """Publish committed jobs' ids; a failure is logged, not raised: the jobs are safe in the database."""
-        by_priority: dict[int, list[str]] = defaultdict(list)
+        """Publish committed jobs' ids, each to its model's queue; a failure is logged, not raised: the jobs
+        are safe in the database."""
+        by_queue: dict[tuple[str, int], list[str]] = defaultdict(list)
         for job in jobs:
-            by_priority[job.priority].append(job.id)
-        for priority, job_ids in by_priority.items():
+            by_queue[queue_name(job.model), job.priority].append(job.id)
+        for (queue, priority), job_ids in by_queue.items():
             try:
-                publish_jobs(self._celery, job_ids, self._queue, priority)
+                publish_jobs(self._celery, job_ids, queue, priority)
             except Exception as error:  # the worker's reconciler republishes queued jobs without a message
                 logger.warning(
                     "jobs are queued; publishing failed (they will be republished)",

@@ -18,6 +18,7 @@ from api.http.caller import Caller
 from api.http.responses import INVALID
 from api.openai import online as openai_online
 from api.openai.online import OpenAIError
+from core.served_models import other_kind
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 STARTED = int(time.time())
@@ -46,6 +47,8 @@ async def _complete(
     body: dict[str, Any], request: Request, service: ServiceDep, caller: Caller, endpoint: str
 ) -> Response:
     try:
+        if problem := other_kind(service.settings, body.get("model"), "generate"):
+            raise OpenAIError(400, problem, "model", "invalid_model_kind")
         spec, fills_context, stream, include_usage = openai_online.online_request(
             body, endpoint, service.settings.served_model_name
         )

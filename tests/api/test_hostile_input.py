@@ -192,7 +192,7 @@ def test_a_job_the_database_refuses_fails_alone_in_its_group_commit(
     """Validation refuses what PostgreSQL refuses; should a job still slip through, only it fails."""
     app = create_app(service_settings, Path(service_settings.model))
     service = app.state.service
-    submitter = Submitter(service.sessions, service.celery, service.queue)
+    submitter = Submitter(service.sessions, service.celery)
 
     def job(i: int, meta: dict[str, str]) -> Job:
         now = utcnow()

@@ -33,8 +33,15 @@ def host_parts(service_settings, tiny_bert_model: Path, tmp_path: Path):
     published: list[tuple[str, int]] = []
     kind = embedding(service_settings, entry)
     host = engine_host(
-        service_settings, store, heartbeats, lambda *m: published.append(m), "e1", health, None,
-        connections.turns, kind,
+        service_settings,
+        store,
+        heartbeats,
+        lambda *m: published.append(m),
+        "e1",
+        health,
+        None,
+        connections.turns,
+        kind,
     )
     yield host, store, entry, published
     connections.dispose()
