@@ -127,7 +127,7 @@ def build_service(settings: Settings, model_dir: Path, resolve: Callable[[str], 
         embedders=EmbeddingEncoders(settings, resolve),
         live=LiveStreams(url) if (url := streams_url(settings)) else None,
         metrics=Metrics(sessions, celery, queue, settings.heartbeat_timeout),
-        bulk_publisher=BulkPublisher(celery, queue),
+        bulk_publisher=BulkPublisher(celery),
         limiter=KeyLimiter(streams_url(settings)),
         purger=Purger(sessions, settings.purge_chunk, stream_dropper(settings)),
     )

@@ -12,26 +12,26 @@ import threading
 
 from celery import Celery
 
-from core.queue import publish_jobs
+from core.queue import publish_jobs, queue_name
 
 logger = logging.getLogger(__name__)
 CHUNK = 1000  # ids per pipeline
 
 
 class BulkPublisher:
-    def __init__(self, celery: Celery, queue_name: str) -> None:
-        self._celery, self._queue = celery, queue_name
-        self._work: queue.Queue[tuple[list[str], int] | None] = queue.Queue()
+    def __init__(self, celery: Celery) -> None:
+        self._celery = celery
+        self._work: queue.Queue[tuple[list[str], int, str] | None] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="pagedq-bulk-publish", daemon=True)
         self._lock = threading.Lock()
 
-    def publish(self, job_ids: list[str], priority: int) -> None:
-        """Queue committed jobs for publishing, in order; returns at once."""
+    def publish(self, job_ids: list[str], priority: int, model: str) -> None:
+        """Queue committed jobs of ``model`` for publishing to its queue, in order; returns at once."""
         with self._lock:
             if not self._thread.is_alive():
                 self._thread.start()
         for start in range(0, len(job_ids), CHUNK):
-            self._work.put((job_ids[start : start + CHUNK], priority))
+            self._work.put((job_ids[start : start + CHUNK], priority, queue_name(model)))
 
     def close(self, timeout: float = 10.0) -> None:
         """Publish what is queued (for ``timeout`` seconds at most), then stop."""
@@ -41,9 +41,9 @@ class BulkPublisher:
 
     def _run(self) -> None:
         while (item := self._work.get()) is not None:
-            job_ids, priority = item
+            job_ids, priority, queue = item
             try:
-                publish_jobs(self._celery, job_ids, self._queue, priority)
+                publish_jobs(self._celery, job_ids, queue, priority)
             except Exception as error:  # the reconciler republishes queued jobs without a message
                 logger.warning(
                     "publishing batch jobs failed; they stay queued and will be republished",

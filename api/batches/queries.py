@@ -18,7 +18,8 @@ from sqlalchemy.orm import Session
 
 from api.batches.bulk_insert import insert_jobs
 from api.batches.check import BadLines, CheckedLine
-from api.batches.lines import LineError
+from api.batches.embedding_lines import check_embedding_lines
+from api.batches.lines import EMBEDDINGS, LineError
 from api.batches.schemas import BatchIn, BatchOut
 from api.deps import Service
 from api.files.queries import find as find_file
@@ -47,9 +48,8 @@ def create(service: Service, caller: Caller, request: BatchIn) -> BatchOut:
         check_webhook_url(service, str(request.webhook_url))
     batch = _new_batch(service, request)
     batch.key_id = caller.key_id
-    lines = service.batch_checker.check(content, request.endpoint, service.settings.served_model_name)
     try:
-        _start(service, caller, batch, lines)
+        _start(service, caller, batch, _lines(service, batch, content))
     except BadLines as bad:
         _fail(service, batch, bad.errors)
     except BrokenProcessPool:
@@ -65,6 +65,16 @@ def create(service: Service, caller: Caller, request: BatchIn) -> BatchOut:
         },
     )
     return get(service, caller, batch.id)
+
+
+def _lines(service: Service, batch: Batch, content: bytes) -> Iterable[CheckedLine]:
+    """The file's lines, checked (``BadLines`` if any is bad); an embeddings file's are all read first,
+    and set the batch's model (the one its lines name)."""
+    if batch.endpoint != EMBEDDINGS:
+        return service.batch_checker.check(content, batch.endpoint, service.settings.served_model_name)
+    model, lines = check_embedding_lines(service.embedders, content)
+    batch.model = model
+    return lines
 
 
 def _input_file(service: Service, caller: Caller, file_id: str) -> bytes:
@@ -126,7 +136,7 @@ def _start(service: Service, caller: Caller, batch: Batch, lines: Iterable[Check
         if caller.key_id is not None and caller.limits is not None:
             hold_keys(session, [caller.key_id])  # counted after every other submission of the key
         check_active(session, caller, batch.total, inserted=True)  # refused: all of it rolls back
-    service.bulk_publisher.publish(ids, batch.priority)
+    service.bulk_publisher.publish(ids, batch.priority, batch.model or service.settings.served_model_name)
 
 
 def _shared_by_jobs(batch: Batch) -> dict[str, Any]:
@@ -150,20 +160,32 @@ def _job_rows(
     the key's size limits refuses the batch (422; the transaction rolls back)."""
     for line in lines:
         if caller.limits is not None:
-            params, tokens = line.params, len(line.prompt_token_ids)
+            params, tokens = line.params, _longest(line.prompt_token_ids)
             n = max(params.get("n", 1), params.get("best_of") or 0)
-            check_sizes(caller.limits, tokens, params["max_tokens"], n, ("body", f"line {line.number}"))
+            check_sizes(
+                caller.limits, tokens, params.get("max_tokens", 0), n, ("body", f"line {line.number}")
+            )
         ids.append(job_id := f"{prefix}{line.number:012x}")
         yield {
             "id": job_id,
             "prompt": line.prompt,
             "messages": line.messages,
             "prompt_token_ids": line.prompt_token_ids,
-            "prompt_tokens": len(line.prompt_token_ids),
+            "prompt_tokens": _tokens(line.prompt_token_ids),
             "params": line.params,
             "meta": line.meta,
             "custom_id": line.custom_id,
         }
+
+
+def _tokens(token_ids: list[int] | list[list[int]]) -> int:
+    """A prompt's tokens, or all an embedding line's inputs' tokens."""
+    return sum(map(len, token_ids)) if token_ids and isinstance(token_ids[0], list) else len(token_ids)  # type: ignore[arg-type]
+
+
+def _longest(token_ids: list[int] | list[list[int]]) -> int:
+    """A prompt's tokens, or an embedding line's longest input's: what a key's max_prompt_tokens limits."""
+    return max(map(len, token_ids)) if token_ids and isinstance(token_ids[0], list) else len(token_ids)  # type: ignore[arg-type]
 
 
 def find(session: Session, caller: Caller, batch_id: str) -> Batch:

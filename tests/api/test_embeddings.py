@@ -177,3 +177,64 @@ def test_chat_of_the_embedding_model_is_refused_naming_its_kind(client, service)
     with pytest.raises(openai.BadRequestError) as refused:
         client.chat.completions.create(model=service["model"], messages=[{"role": "user", "content": "hi"}])
     assert "of kind 'embed'" in refused.value.body["message"]
+
+
+def test_an_embeddings_batch_file_round_trips_through_client_batches(client, service, reference) -> None:
+    lines = [
+        {"custom_id": f"doc-{i}", "method": "POST", "url": "/v1/embeddings", "body": body}
+        for i, body in enumerate(
+            [
+                {"model": service["model"], "input": SENTENCES[:3]},
+                {"model": service["model"], "input": PARAGRAPH, "encoding_format": "base64"},
+                {"model": service["model"], "input": "a"},
+            ]
+        )
+    ]
+    content = "".join(json.dumps(line) + "\n" for line in lines).encode()
+    uploaded = client.files.create(file=("embed.jsonl", content), purpose="batch")
+    batch = client.batches.create(
+        input_file_id=uploaded.id, endpoint="/v1/embeddings", completion_window="24h"
+    )
+    batch = wait_for(lambda: _ended(client, batch.id), 120, "the batch to end", interval=0.2)
+    assert (batch.status, batch.request_counts.completed, batch.request_counts.failed) == ("completed", 3, 0)
+    out = [json.loads(line) for line in client.files.content(batch.output_file_id).text.splitlines()]
+    bodies = {line["custom_id"]: line["response"]["body"] for line in out}
+    first, second, third = bodies["doc-0"], bodies["doc-1"], bodies["doc-2"]
+    assert first["object"] == "list" and first["model"] == service["model"]
+    assert_parity([item["embedding"] for item in first["data"]], reference.encode(SENTENCES[:3]))
+    decoded = np.frombuffer(base64.b64decode(second["data"][0]["embedding"]), dtype="<f4")
+    assert_parity([decoded.tolist()], reference.encode([PARAGRAPH]))
+    assert second["usage"]["prompt_tokens"] == 256
+    online = client.embeddings.create(model=service["model"], input="a", encoding_format="float")
+    assert third["data"][0]["embedding"] == online.data[0].embedding  # online and batched: the same vector
+
+
+def _ended(client: openai.OpenAI, batch_id: str):
+    batch = client.batches.retrieve(batch_id)
+    return batch if batch.status in ("completed", "failed", "cancelled", "expired") else None
+
+
+def test_a_batch_of_bad_embedding_lines_fails_naming_each(client, service) -> None:
+    bodies = [
+        {"model": service["model"], "input": ""},
+        {"model": service["model"], "input": [[1, 10**6]]},
+        {"model": service["chat"], "input": "hi"},
+        {"model": service["model"], "input": "fine", "dimensions": 7},
+    ]
+    lines = [
+        {"custom_id": str(i), "method": "POST", "url": "/v1/embeddings", "body": b}
+        for i, b in enumerate(bodies)
+    ]
+    content = "".join(json.dumps(line) + "\n" for line in lines).encode()
+    uploaded = client.files.create(file=("bad.jsonl", content), purpose="batch")
+    batch = client.batches.create(
+        input_file_id=uploaded.id, endpoint="/v1/embeddings", completion_window="24h"
+    )
+    assert batch.status == "failed"
+    errors = {error.line: (error.code, error.param) for error in batch.errors.data}
+    assert errors == {
+        1: ("invalid_value", "body.input"),
+        2: ("invalid_value", "body.input"),
+        3: ("invalid_value", "body.model"),
+        4: ("invalid_value", "body.dimensions"),
+    }
