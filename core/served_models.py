@@ -47,7 +47,7 @@ _ENTRIES = TypeAdapter(list[ModelEntry])
 
 
 class ModelsError(ValueError):
-    """``PAGEDQ_MODELS`` cannot be read: says where and what."""
+    """``PAGEDQ_MODELS`` cannot be read, or names no model by the name asked for: says where and what."""
 
 
 def parse_models(value: str) -> list[ModelEntry]:
@@ -129,3 +129,10 @@ def model_named(settings: "Settings", name: str) -> ModelEntry:
             return entry
     known = ", ".join(entry.name for entry in served_models(settings))
     raise ModelsError(f"no model named {name!r} is served here; served: {known}")
+
+
+def default_model(settings: "Settings") -> ModelEntry:
+    """The first generate model listed (else the first listed): a worker's without ``--model``, and what a
+    request that names no model runs on."""
+    entries = served_models(settings)
+    return next((entry for entry in entries if entry.kind == "generate"), entries[0])

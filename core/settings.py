@@ -142,10 +142,6 @@ class Settings(EngineSettings):
         return EngineConfig(**self.model_dump(include={knob.name for knob in fields(EngineConfig)}))
 
     @property
-    def jobs_held_per_worker(self) -> int:
-        return self.worker_concurrency or self.max_num_seqs
-
-    @property
     def heartbeat_period(self) -> float:
         return self.heartbeat_interval or self.heartbeat_timeout / 6
 

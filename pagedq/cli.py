@@ -60,6 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
         "($PAGEDQ_WORKER_STATUS_FILE) "
         "and exit 0 if it is healthy, 1 if not (a healthcheck)",
     )
+    worker.add_argument(
+        "--model", help="the served model whose queue it drains (default: the first generate model)"
+    )
     worker.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)  # `pagedq up` hears of readiness
     worker.set_defaults(func=run_service, service="worker")
     webhooks = commands.add_parser("webhooks", help="send webhooks: signed, retried, recorded")
@@ -186,7 +189,7 @@ def run_service(args: argparse.Namespace) -> int:
     services = {
         "up": up.up,
         "api": serve.serve_api,
-        "worker": lambda settings: serve.serve_worker(settings, args.ready_fd),
+        "worker": lambda settings: serve.serve_worker(settings, args.ready_fd, args.model),
         "webhooks": serve.serve_webhooks,
         "migrate": serve.migrate,
     }

@@ -126,10 +126,16 @@ class GracefulServer(uvicorn.Server):
                 signal.signal(sig, handler)
 
 
-def serve_worker(settings: Settings, ready_fd: int | None = None) -> None:
+def serve_worker(settings: Settings, ready_fd: int | None = None, model: str | None = None) -> int:
+    """Refuses to start (1) for a model that is not served here, or one this build cannot serve."""
+    from core.served_models import ModelsError
     from worker.main import run_worker
 
-    run_worker(settings, ready_fd)
+    try:
+        run_worker(settings, ready_fd, model)
+    except ModelsError as error:
+        print(f"pagedq: {error}", file=sys.stderr)
+        return 1
     # Its results are written and it has left the workers table: skip the interpreter's teardown (seconds
     # of torch's on a busy machine, with perhaps an engine step still running), which the grace promised.
     logging.shutdown()

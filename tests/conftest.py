@@ -74,6 +74,7 @@ def service_settings(pg_template: str, tmp_path: Path, tiny_llama: Path) -> Iter
             database_url=url,
             broker_url=redis_url(),
             model=str(model),
+            embed_model="",  # the tiny chat model alone
             data_dir=tmp_path / "data",
             device="cpu",
             dtype="float32",

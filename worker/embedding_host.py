@@ -7,6 +7,7 @@ inputs go in (worker/embedding_jobs.py), its vectors come out whole, and nothing
 
 from typing import Any
 
+from contract.engine import EngineConfig
 from contract.pooling import EmbeddingParams
 from core.served_models import ModelEntry
 from core.settings import Settings
@@ -50,10 +51,10 @@ class EmbeddingLoop(EngineLoop[JobEmbedder]):
         }
 
 
-def embedding(settings: Settings, entry: ModelEntry) -> Kind:
-    """A worker of the embedding model ``entry``, with the deployment's engine knobs."""
-    config = entry.engine_config(settings.engine_config())
-    build = lambda: JobEmbedder(EmbeddingEngine(config))  # noqa: E731
+def embedding(engine_config: EngineConfig) -> Kind:
+    """A worker of an embedding model: a ``JobEmbedder`` around an ``EmbeddingEngine`` of
+    ``engine_config``."""
+    build = lambda: JobEmbedder(EmbeddingEngine(engine_config))  # noqa: E731
     return Kind(lambda flights, _: EmbeddingLoop(build, flights), EmbeddingResult.of, facts, streams=False)
 
 
@@ -71,5 +72,6 @@ def facts(embedder: JobEmbedder) -> dict[str, Any]:
 
 
 def run_embedding_worker(settings: Settings, entry: ModelEntry, ready_fd: int | None = None) -> None:
-    """Serves the queue of the embedding model ``entry`` until a signal (as ``worker.main.run_worker``)."""
-    serve(settings, entry.name, embedding(settings, entry), ready_fd)
+    """Serves the queue of the embedding model ``entry`` until a signal: ``pagedq worker --model NAME``
+    for a model of kind embed (``worker.main.run_worker``)."""
+    serve(settings, entry, embedding, ready_fd)

@@ -19,8 +19,10 @@ from celery import Celery
 from celery.exceptions import Reject
 from celery.signals import worker_ready, worker_shutting_down
 
+from contract.engine import EngineConfig
 from core.purge import Purger
 from core.queue import PROBE_QUEUE_TASK, RUN_JOB_TASK, make_celery, publish_job, publish_probe, queue_name
+from core.served_models import ModelEntry, default_model, model_named
 from core.settings import Settings
 from core.streams import stream_dropper, streams_url
 from core.webhooks import Outbox
@@ -78,10 +80,22 @@ def engine_facts(engine: LLMEngine) -> dict[str, Any]:
     return facts
 
 
-def run_worker(settings: Settings, ready_fd: int | None = None) -> None:
-    """Serves the model's queue until a signal; once it consumes, says so in a log record and, with
-    ``ready_fd`` (``pagedq up``), as one JSON line on that file descriptor."""
-    serve(settings, settings.served_model_name, generation(settings), ready_fd)
+def served_entry(settings: Settings, model: str | None) -> ModelEntry:
+    """The served model a worker runs: ``--model``'s, else the default (the first generate model)."""
+    return model_named(settings, model) if model else default_model(settings)
+
+
+def run_worker(settings: Settings, ready_fd: int | None = None, model: str | None = None) -> None:
+    """Serves one model's queue until a signal (``model``: its served name; None: the first generate
+    model); once it consumes, says so in a log record and, with ``ready_fd`` (``pagedq up``), as one JSON
+    line on that file descriptor. Raises ``ModelsError`` for a model that is not served here."""
+    entry = served_entry(settings, model)
+    if entry.kind == "embed":
+        from worker.embedding_host import run_embedding_worker  # it builds on this module
+
+        run_embedding_worker(settings, entry, ready_fd)
+        return
+    serve(settings, entry, generation, ready_fd)
 
 
 @dataclass(frozen=True)
@@ -94,16 +108,20 @@ class Kind:
     streams: bool = True  # whether runs' text goes to Redis streams
 
 
-def generation(settings: Settings) -> Kind:
-    """A worker of the chat model that ``settings`` name."""
-    build = lambda: LLMEngine(settings.engine_config())  # noqa: E731
+def generation(engine_config: EngineConfig) -> Kind:
+    """A worker of a chat model: an ``LLMEngine`` of ``engine_config``."""
+    build = lambda: LLMEngine(engine_config)  # noqa: E731
     return Kind(lambda flights, streamer: EngineLoop(build, flights, streamer), JobResult.of, engine_facts)
 
 
-def serve(settings: Settings, model: str, kind: Kind, ready_fd: int | None = None) -> None:
-    """Serves the queue of ``model`` with an engine of ``kind`` until a signal (see ``run_worker``)."""
+def serve(
+    settings: Settings, entry: ModelEntry, kind_of: Callable[[EngineConfig], Kind], ready_fd: int | None
+) -> None:
+    """Serves the queue of the model ``entry`` with an engine of its kind until a signal (``run_worker``)."""
     worker_id = f"{socket.gethostname()}:{os.getpid()}"
-    queue = queue_name(model)
+    engine_config = entry.engine_config(settings.engine_config())
+    kind = kind_of(engine_config)
+    queue = queue_name(entry.name)
     app = make_celery(settings)
 
     def publish(job_id: str, priority: int) -> None:
@@ -112,13 +130,22 @@ def serve(settings: Settings, model: str, kind: Kind, ready_fd: int | None = Non
     outbox = Outbox(settings, app)  # job ends become webhook deliveries, published by the flusher thread
     connections = WorkerConnections.connect(settings)
     fair_aging = settings.fair_aging_seconds if settings.fair_share else None
-    store = JobStore(connections.job_sessions, model, outbox, settings.max_attempts, fair_aging)
+    store = JobStore(connections.job_sessions, entry.name, outbox, settings.max_attempts, fair_aging)
     url = streams_url(settings) if kind.streams else None
     streamer = TokenStreamer(url) if url else None
     health = WorkerHealth(settings.resolved_worker_status_file, settings.heartbeat_period, worker_id)
-    heartbeats = JobStore(connections.heartbeat_sessions, model)
+    heartbeats = JobStore(connections.heartbeat_sessions, entry.name)
     host = engine_host(
-        settings, store, heartbeats, publish, worker_id, health, streamer, connections.turns, kind
+        settings,
+        engine_config,
+        store,
+        heartbeats,
+        publish,
+        worker_id,
+        health,
+        streamer,
+        connections.turns,
+        kind,
     )
     register_run_job(app, host)
     reconciler = Reconciler(
@@ -133,7 +160,7 @@ def serve(settings: Settings, model: str, kind: Kind, ready_fd: int | None = Non
         host.connectivity,
     )
     register_probe_queue(app, reconciler, connections.turns)
-    facts = {"worker_id": worker_id, "model": model, "queue": queue}
+    facts = {"worker_id": worker_id, "model": entry.name, "kind": entry.kind, "queue": queue}
     handle_signals(host, settings, facts, ready_fd, kind.facts)
     host.start()
     stop_reconciling = threading.Event()
@@ -141,7 +168,7 @@ def serve(settings: Settings, model: str, kind: Kind, ready_fd: int | None = Non
         target=reconciler.run, args=(settings.reconcile_interval, stop_reconciling), daemon=True
     ).start()
     try:
-        consume(app, settings, queue)
+        consume(app, settings, queue, settings.worker_concurrency or engine_config.max_num_seqs)
     finally:
         stop_reconciling.set()
         host.stop()
@@ -153,6 +180,7 @@ def serve(settings: Settings, model: str, kind: Kind, ready_fd: int | None = Non
 
 def engine_host(
     settings: Settings,
+    engine_config: EngineConfig,
     store: JobStore,
     heartbeats: JobStore,
     publish: Publish,
@@ -163,9 +191,9 @@ def engine_host(
     kind: Kind | None = None,
 ) -> EngineHost:
     """The claimer, the engine loop and the flusher around one registry, and the heartbeat
-    (worker/host.py); ``heartbeats`` is a store on the heartbeat's own engine (worker/connections.py).
-    ``kind``: the engine's (default: generation, on ``settings``' model)."""
-    kind = kind or generation(settings)
+    (worker/host.py), for an engine of ``engine_config`` of ``kind`` (default: generation);
+    ``heartbeats`` is a store on the heartbeat's own engine (worker/connections.py)."""
+    kind = kind or generation(engine_config)
     flights, connectivity = Flights(), Connectivity()
     loop = kind.make_loop(flights, streamer)
     # Past the drain deadline, failed writes are retried until other workers would take over our jobs.
@@ -229,13 +257,13 @@ def handle_signals(
     worker_ready.connect(ready, weak=False)
 
 
-def consume(app: Celery, settings: Settings, queue: str) -> None:
+def consume(app: Celery, settings: Settings, queue: str, concurrency: int) -> None:
     app.worker_main(
         [
             "--quiet",  # no banner: the "worker ready" record says what matters
             "worker",
             "--pool=threads",
-            f"--concurrency={settings.jobs_held_per_worker}",
+            f"--concurrency={concurrency}",  # jobs held at once
             f"--queues={queue}",
             f"--hostname=pagedq-{os.getpid()}@%h",
             f"--loglevel={settings.log_level}",

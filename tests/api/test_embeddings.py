@@ -61,7 +61,7 @@ def service(pg_template: str, tiny_llama: Path, tmp_path_factory: pytest.TempPat
             flush_interval=0.1,
         )
         db = Database(settings)
-        worker = start_worker(settings, db, tmp / "worker.log", embed_model=name)
+        worker = start_worker(settings, db, tmp / "worker.log", model=name)
         api = Process(["api"], service_env(settings), tmp / "api.log")
         base = f"http://127.0.0.1:{settings.port}"
         try:

@@ -52,3 +52,12 @@ def served(port: int) -> bool:
         return httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200
     except httpx.TransportError:
         return False
+
+
+@pytest.mark.fast
+def test_a_worker_for_a_model_not_served_here_refuses_to_start_naming_the_served_ones(tmp_path: Path) -> None:
+    models = '[{"name": "chat-a", "source": "/m/a"}, {"name": "chat-b", "source": "/m/b"}]'
+    settings = Settings(models=models, data_dir=tmp_path, broker_url="filesystem://" + str(tmp_path / "b"))
+    worker = Process(["worker", "--model", "chat-c"], service_env(settings), tmp_path / "worker.log")
+    assert worker.popen.wait(60) == 1
+    assert "no model named 'chat-c' is served here; served: chat-a, chat-b" in worker.log()

@@ -77,14 +77,11 @@ class Database:
 
 
 def start_worker(
-    settings: Settings, db: Database, log: Path, timeout: float = 120, embed_model: str | None = None
+    settings: Settings, db: Database, log: Path, timeout: float = 120, model: str | None = None
 ) -> Process:
-    """A real ``pagedq worker`` process; returns once it has registered itself. With ``embed_model``, a
-    worker of that served embedding model (tests/support/embedding_worker.py)."""
-    if embed_model is None:
-        worker = Process(["worker"], service_env(settings), log)
-    else:
-        worker = Process([embed_model], service_env(settings), log, "tests.support.embedding_worker")
+    """A real ``pagedq worker`` process (of the served ``model``: ``--model``); returns once it has
+    registered itself."""
+    worker = Process(["worker", *(["--model", model] if model else [])], service_env(settings), log)
     try:
         wait_for(lambda: db.worker_stats(worker.popen.pid) is not None, timeout, "the worker to register")
     except AssertionError:

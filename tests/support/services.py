@@ -124,14 +124,13 @@ async def async_wait_for(
 
 
 class Process:
-    """A ``pagedq`` subcommand (or ``python -m module``'s) running as its own process group, logging to a
-    file."""
+    """A ``pagedq`` subcommand running as its own process group, logging to a file."""
 
-    def __init__(self, args: list[str], env: dict[str, str], log: Path, module: str = "pagedq") -> None:
+    def __init__(self, args: list[str], env: dict[str, str], log: Path) -> None:
         self.log_path = log
         self._log = log.open("wb")
         self.popen = subprocess.Popen(
-            [sys.executable, "-m", module, *args],
+            [sys.executable, "-m", "pagedq", *args],
             env=env,
             cwd=REPO,
             stdout=self._log,

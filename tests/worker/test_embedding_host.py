@@ -31,9 +31,10 @@ def host_parts(service_settings, tiny_bert_model: Path, tmp_path: Path):
     heartbeats = JobStore(connections.heartbeat_sessions, entry.name)
     health = WorkerHealth(tmp_path / "worker-status.json", refresh_every=1.0, worker_id="e1")
     published: list[tuple[str, int]] = []
-    kind = embedding(service_settings, entry)
+    engine_config = entry.engine_config(service_settings.engine_config())
     host = engine_host(
         service_settings,
+        engine_config,
         store,
         heartbeats,
         lambda *m: published.append(m),
@@ -41,7 +42,7 @@ def host_parts(service_settings, tiny_bert_model: Path, tmp_path: Path):
         health,
         None,
         connections.turns,
-        kind,
+        embedding(engine_config),
     )
     yield host, store, entry, published
     connections.dispose()

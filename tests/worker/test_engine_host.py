@@ -32,7 +32,17 @@ def test_jobs_run_to_their_results_and_a_stop_requeues_what_still_runs(service_s
     def publish(*message) -> None:
         published.append(message)
 
-    host = engine_host(service_settings, store, heartbeats, publish, "w1", health, None, connections.turns)
+    host = engine_host(
+        service_settings,
+        service_settings.engine_config(),
+        store,
+        heartbeats,
+        publish,
+        "w1",
+        health,
+        None,
+        connections.turns,
+    )
     quick = add_job(store, model=store.model, prompt_token_ids=[1, 2, 3], params=GREEDY)
     slow = add_job(store, model=store.model, params=GREEDY | {"max_tokens": 900})
     host.start()

@@ -68,7 +68,7 @@ def test_every_pool_of_the_worker_fits_the_threads_that_use_it() -> None:
         assert connections.jobs.pool.size() >= sum(JOBS_POOL_USERS.values())
         assert connections.heartbeat.pool.size() >= sum(HEARTBEAT_POOL_USERS.values())
         # The 256 Celery threads use the jobs pool only in their turns, of which it holds room for all.
-        assert JOBS_POOL_USERS["claim turns"] == CLAIM_TURNS < settings.jobs_held_per_worker
+        assert JOBS_POOL_USERS["claim turns"] == CLAIM_TURNS < settings.max_num_seqs  # the jobs held
         turns = [connections.turns.acquire(blocking=False) for _ in range(CLAIM_TURNS + 1)]
         assert turns == [True] * CLAIM_TURNS + [False]
     finally:
