@@ -17,7 +17,7 @@ from worker.embedding_jobs import JobEmbedder, JobEmbedding
 from worker.engine.embedding_engine import EmbeddingEngine
 from worker.engine_loop import EngineLoop
 from worker.flights import Flight
-from worker.main import Kind, serve
+from worker.main import EngineKind, serve
 from worker.results import EmbeddingResult
 
 PARAMS = ("truncate_prompt_tokens", "dimensions")  # what of a job's params the engine takes
@@ -51,11 +51,13 @@ class EmbeddingLoop(EngineLoop[JobEmbedder]):
         }
 
 
-def embedding(engine_config: EngineConfig) -> Kind:
+def embedding(engine_config: EngineConfig) -> EngineKind:
     """A worker of an embedding model: a ``JobEmbedder`` around an ``EmbeddingEngine`` of
     ``engine_config``."""
     build = lambda: JobEmbedder(EmbeddingEngine(engine_config))  # noqa: E731
-    return Kind(lambda flights, _: EmbeddingLoop(build, flights), EmbeddingResult.of, facts, streams=False)
+    return EngineKind(
+        lambda flights, _: EmbeddingLoop(build, flights), EmbeddingResult.of, facts, streams=False
+    )
 
 
 def facts(embedder: JobEmbedder) -> dict[str, Any]:

@@ -99,7 +99,7 @@ def run_worker(settings: Settings, ready_fd: int | None = None, model: str | Non
 
 
 @dataclass(frozen=True)
-class Kind:
+class EngineKind:
     """What differs between a generation worker and an embedding worker (worker/embedding_host.py)."""
 
     make_loop: Callable[[Flights, TokenStreamer | None], EngineLoop[Any]]
@@ -108,14 +108,16 @@ class Kind:
     streams: bool = True  # whether runs' text goes to Redis streams
 
 
-def generation(engine_config: EngineConfig) -> Kind:
+def generation(engine_config: EngineConfig) -> EngineKind:
     """A worker of a chat model: an ``LLMEngine`` of ``engine_config``."""
     build = lambda: LLMEngine(engine_config)  # noqa: E731
-    return Kind(lambda flights, streamer: EngineLoop(build, flights, streamer), JobResult.of, engine_facts)
+    return EngineKind(
+        lambda flights, streamer: EngineLoop(build, flights, streamer), JobResult.of, engine_facts
+    )
 
 
 def serve(
-    settings: Settings, entry: ModelEntry, kind_of: Callable[[EngineConfig], Kind], ready_fd: int | None
+    settings: Settings, entry: ModelEntry, kind_of: Callable[[EngineConfig], EngineKind], ready_fd: int | None
 ) -> None:
     """Serves the queue of the model ``entry`` with an engine of its kind until a signal (``run_worker``)."""
     worker_id = f"{socket.gethostname()}:{os.getpid()}"
@@ -188,7 +190,7 @@ def engine_host(
     health: WorkerHealth,
     streamer: TokenStreamer | None,
     turns: threading.Semaphore,
-    kind: Kind | None = None,
+    kind: EngineKind | None = None,
 ) -> EngineHost:
     """The claimer, the engine loop and the flusher around one registry, and the heartbeat
     (worker/host.py), for an engine of ``engine_config`` of ``kind`` (default: generation);
