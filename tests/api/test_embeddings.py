@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from sentence_transformers import SentenceTransformer
 
 from core.settings import Settings
+from pagedq import cli
 from tests.support.jobs_client import Database, start_worker
 from tests.support.services import Process, database_from, free_port, redis_url, service_env, wait_for
 from worker.engine.default_model import resolve_model
@@ -238,3 +239,33 @@ def test_a_batch_of_bad_embedding_lines_fails_naming_each(client, service) -> No
         3: ("invalid_value", "body.model"),
         4: ("invalid_value", "body.dimensions"),
     }
+
+
+def test_pagedq_submit_batch_with_the_embeddings_endpoint(service, tmp_path: Path, capsys) -> None:
+    path, out = tmp_path / "embed.jsonl", tmp_path / "vectors.jsonl"
+    lines = [
+        {
+            "custom_id": f"e{i}",
+            "method": "POST",
+            "url": "/v1/embeddings",
+            "body": {"model": service["model"], "input": text},
+        }
+        for i, text in enumerate(SENTENCES[:2])
+    ]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    argv = [
+        "submit",
+        str(path),
+        "--batch",
+        "--endpoint",
+        "/v1/embeddings",
+        "--out",
+        str(out),
+        "--url",
+        service["base"],
+    ]
+    assert cli.main(argv) == 0
+    results = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["custom_id"] for r in results] == ["e0", "e1"]
+    assert all(len(r["response"]["body"]["data"][0]["embedding"]) == 384 for r in results)
+    assert "completed: 2 completed, 0 failed" in capsys.readouterr().err
