@@ -1,7 +1,7 @@
-"""The API's entry point: ``create_app`` builds the FastAPI app for one served model."""
+"""The API's entry point: ``create_app`` builds the FastAPI app for the served models."""
 
 import gc
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -11,10 +11,8 @@ from starlette.concurrency import run_in_threadpool
 
 from api.batches import router as batches
 from api.batches.bulk_publisher import BulkPublisher
-from api.batches.check import BatchChecker
 from api.deps import Service, same_origin, storable_url
 from api.embeddings import router as embeddings
-from api.embeddings.encoder import EmbeddingEncoders
 from api.files import router as files
 from api.generate import router as generate
 from api.health import router as health
@@ -30,13 +28,13 @@ from api.jobs.waiting import JobWaiter
 from api.keys import router as admin_keys
 from api.openai import router as openai
 from api.overview import router as overview
-from api.prompts.encoder import PromptEncoder
+from api.served_models import Locate, ServedModels, source_dir
 from api.usage import router as usage
 from api.webhooks import router as webhooks
 from core import keys
 from core.db import make_db_engine, make_sessionmaker
 from core.purge import Purger
-from core.queue import make_celery, queue_name
+from core.queue import make_celery
 from core.settings import Settings
 from core.streams import stream_dropper, streams_url
 
@@ -55,11 +53,10 @@ The web console is served at `/console`; it reads these same routes."""
 CONSOLE = Path(__file__).parent / "console"  # static files: HTML, CSS, JS and the vendored uPlot
 
 
-def create_app(settings: Settings, model_dir: Path, resolve: Callable[[str], Path] = Path) -> FastAPI:
-    """``resolve``: a served model's directory from its source (a built-in name or a directory; the
-    default takes sources as directories). Raises ``keys.NoAdminKey`` when auth is required and no key
-    exists or can be made."""
-    service = build_service(settings, model_dir, resolve)
+def create_app(settings: Settings, locate: Locate = source_dir) -> FastAPI:
+    """``locate``: a served model's Hugging Face directory. Raises ``keys.NoAdminKey`` when auth is
+    required and no key exists or can be made."""
+    service = build_service(settings, locate)
     keys.bootstrap(service.sessions, settings)
 
     @asynccontextmanager
@@ -68,9 +65,7 @@ def create_app(settings: Settings, model_dir: Path, resolve: Callable[[str], Pat
         yield
         await service.waiter.close()
         await run_in_threadpool(service.bulk_publisher.close)
-        await run_in_threadpool(service.batch_checker.close)
-        service.prompts.close()
-        service.embedders.close()
+        await run_in_threadpool(service.models.close)
         if service.live is not None:
             await service.live.close()
         service.db_engine.dispose()
@@ -109,24 +104,21 @@ def freeze_startup_heap() -> None:
     gc.freeze()
 
 
-def build_service(settings: Settings, model_dir: Path, resolve: Callable[[str], Path] = Path) -> Service:
+def build_service(settings: Settings, locate: Locate) -> Service:
     engine = make_db_engine(settings)
     sessions = make_sessionmaker(engine)
     celery = make_celery(settings)
-    queue = queue_name(settings.served_model_name)
-    prompts = PromptEncoder(model_dir, settings.engine_config())
+    models = ServedModels(settings, locate)
     return Service(
         settings=settings,
         db_engine=engine,
         sessions=sessions,
         celery=celery,
-        prompts=prompts,
-        batch_checker=BatchChecker(prompts, model_dir, prompts.engine, settings.batch_processes),
+        models=models,
         waiter=JobWaiter(sessions),
         submitter=Submitter(sessions, celery),
-        embedders=EmbeddingEncoders(settings, resolve),
         live=LiveStreams(url) if (url := streams_url(settings)) else None,
-        metrics=Metrics(sessions, celery, queue, settings.heartbeat_timeout),
+        metrics=Metrics(sessions, celery, models.names, settings.heartbeat_timeout),
         bulk_publisher=BulkPublisher(celery),
         limiter=KeyLimiter(streams_url(settings)),
         purger=Purger(sessions, settings.purge_chunk, stream_dropper(settings)),

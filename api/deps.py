@@ -10,17 +10,14 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.batches.bulk_publisher import BulkPublisher
-from api.batches.check import BatchChecker
-from api.embeddings.encoder import EmbeddingEncoders
 from api.http.limits import KeyLimiter
 from api.http.metrics import Metrics
 from api.http.problems import Forbidden, Invalid
 from api.jobs.live import LiveStreams
 from api.jobs.submitter import Submitter
 from api.jobs.waiting import JobWaiter
-from api.prompts.encoder import PromptEncoder
+from api.served_models import ServedModels
 from core.purge import Purger
-from core.queue import queue_name
 from core.settings import Settings
 from core.spec import storable
 
@@ -31,8 +28,7 @@ class Service:
     db_engine: Engine  # SQLAlchemy's (the API has no LLM engine)
     sessions: sessionmaker[Session]
     celery: Celery
-    prompts: PromptEncoder
-    batch_checker: BatchChecker
+    models: ServedModels  # each served model's entry, queue, prompt encoder and batch checker
     waiter: JobWaiter
     submitter: Submitter
     live: LiveStreams | None  # live token streams in Redis; None in the embedded mode
@@ -40,11 +36,6 @@ class Service:
     bulk_publisher: BulkPublisher  # a batch's jobs, published after its response
     limiter: KeyLimiter  # each key's request and token rates
     purger: Purger  # deletes what DELETE routes ask for, as retention does
-    embedders: EmbeddingEncoders  # the embedding models' tokenizers, each loaded on first use
-
-    @property
-    def queue(self) -> str:
-        return queue_name(self.settings.served_model_name)
 
 
 def get_service(request: Request) -> Service:

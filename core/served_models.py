@@ -115,13 +115,6 @@ def kind_problem(entry: ModelEntry, wanted: Kind) -> str | None:
     return f"model {entry.name!r} is of kind {entry.kind!r}: it serves {uses}, not {KIND_USES[wanted]}"
 
 
-def other_kind(settings: "Settings", name: object, wanted: Kind) -> str | None:
-    """Why a request of kind ``wanted`` cannot go to the served model ``name`` because of its kind; None
-    when it can, or when no model of that name is served (that refusal is the caller's)."""
-    entry = next((entry for entry in served_models(settings) if entry.name == name), None)
-    return None if entry is None else kind_problem(entry, wanted)
-
-
 def model_named(settings: "Settings", name: str) -> ModelEntry:
     """The served model called ``name``; a worker's ``--model`` and the API's lookups go through it."""
     for entry in served_models(settings):

@@ -121,7 +121,9 @@ class JobSpec(SamplingSpec):
     messages: list[ChatMessage] | None = Field(
         None, min_length=1, description="a chat; the model's chat template is applied"
     )
-    model: str | None = Field(None, description="must name the served model when given")
+    model: str | None = Field(
+        None, description="a served generate model (`GET /v1/models`); default: the first listed"
+    )
     priority: int = Field(0, ge=-100, le=100, strict=True, description="lower runs first")
     metadata: Metadata = Field(default_factory=dict, max_length=16)
     webhook_url: HttpUrl | None = Field(None, description="receives this job's events (Standard Webhooks)")

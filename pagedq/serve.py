@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import uvicorn
 from uvicorn.supervisors import Multiprocess
 
+from core.served_models import ModelEntry, served_models
 from core.settings import Settings
 
 if TYPE_CHECKING:
@@ -30,15 +31,15 @@ def migrate(settings: Settings) -> None:
 def serve_api(settings: Settings) -> int:
     """Refuses to start (1) when auth is required and there is no key nor ``PAGEDQ_ADMIN_KEY``."""
     from api.app import create_app
-    from worker.engine.default_model import resolve_model
 
     if not bootstrap_keys(settings):
         return 1
     logger.info("auth " + auth_mode(settings), extra={"host": settings.host})
-    model_dir = resolve_model(settings.model)  # build the default model once, before any child wants it
+    for entry in served_models(settings):  # build the built-in models once, before any child wants them
+        model_dir(entry)
     options = {"host": settings.host, "port": settings.port, "log_config": None, "access_log": False}
     if settings.api_workers <= 1:
-        GracefulServer(uvicorn.Config(create_app(settings, model_dir, resolve_model), **options)).run()
+        GracefulServer(uvicorn.Config(create_app(settings, model_dir), **options)).run()
         return 0
     # uvicorn's supervisor spawns each process afresh: they import api_app, which reads the settings
     # from the environment, so the parent's are put there first.
@@ -86,11 +87,18 @@ def api_app() -> "FastAPI":
     """The app of one of several API processes (``PAGEDQ_API_WORKERS`` > 1)."""
     from api.app import create_app
     from pagedq.logs import configure_logging
-    from worker.engine.default_model import resolve_model
 
     settings = Settings()
     configure_logging(settings.log_level, settings.log_format)  # a spawned process starts with none set up
-    return create_app(settings, resolve_model(settings.model), resolve_model)
+    return create_app(settings, model_dir)
+
+
+def model_dir(entry: ModelEntry) -> Path:
+    """A served model's Hugging Face directory (its tokenizer, config, weights): a built-in one is
+    built in the cache on first use."""
+    from worker.engine.default_model import resolve_model
+
+    return resolve_model(entry.source)
 
 
 class PatientMultiprocess(Multiprocess):

@@ -14,6 +14,10 @@ from tests.support.tiny_models import make_tiny_bert, make_tiny_model
 
 torch.set_num_threads(max(1, os.cpu_count() or 1))
 
+# A test's service serves the chat model it names alone (its processes inherit this), unless it names
+# more: an embedding model (PAGEDQ_EMBED_MODEL) or a list (PAGEDQ_MODELS).
+os.environ.setdefault("PAGEDQ_EMBED_MODEL", "")
+
 # Triton kernels run in this process only on CUDA or under TRITON_INTERPRET=1; elsewhere
 # tests/kernels/test_kernels_interpreted.py runs that module in a child process with the interpreter.
 if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
@@ -74,7 +78,6 @@ def service_settings(pg_template: str, tmp_path: Path, tiny_llama: Path) -> Iter
             database_url=url,
             broker_url=redis_url(),
             model=str(model),
-            embed_model="",  # the tiny chat model alone
             data_dir=tmp_path / "data",
             device="cpu",
             dtype="float32",

@@ -1,4 +1,5 @@
-"""A worker of an embedding model: the generation worker's roles (claimer, flusher, heartbeat, reconciler:
+"""A worker of an embedding model (``pagedq worker --model NAME`` for a model of kind embed: worker/main.py
+serves it with ``embedding``): the generation worker's roles (claimer, flusher, heartbeat, reconciler:
 worker/host.py, worker/main.py) around an ``EmbeddingEngine``, so an embedding job is claimed by attempt,
 its result written on that attempt's condition, its message acknowledged late, and requeued when its
 worker dies, exactly as a generation job. Only the engine loop's three engine-facing steps differ: a job's
@@ -9,15 +10,13 @@ from typing import Any
 
 from contract.engine import EngineConfig
 from contract.pooling import EmbeddingParams
-from core.served_models import ModelEntry
-from core.settings import Settings
 from core.states import JobStatus
 from core.timings import ms
 from worker.embedding_jobs import JobEmbedder, JobEmbedding
 from worker.engine.embedding_engine import EmbeddingEngine
 from worker.engine_loop import EngineLoop
 from worker.flights import Flight
-from worker.main import EngineKind, serve
+from worker.host import EngineKind
 from worker.results import EmbeddingResult
 
 PARAMS = ("truncate_prompt_tokens", "dimensions")  # what of a job's params the engine takes
@@ -71,9 +70,3 @@ def facts(embedder: JobEmbedder) -> dict[str, Any]:
         "max_seq_length": pooling.max_seq_length,
         "dimensions": pooling.hidden_size,
     }
-
-
-def run_embedding_worker(settings: Settings, entry: ModelEntry, ready_fd: int | None = None) -> None:
-    """Serves the queue of the embedding model ``entry`` until a signal: ``pagedq worker --model NAME``
-    for a model of kind embed (``worker.main.run_worker``)."""
-    serve(settings, entry, embedding, ready_fd)

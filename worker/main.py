@@ -11,7 +11,6 @@ import signal
 import socket
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -31,15 +30,16 @@ from worker.claimer import Claimer, RunResult
 from worker.connections import WorkerConnections
 from worker.connectivity import Connectivity
 from worker.drain import Drain
+from worker.embedding_host import embedding
 from worker.engine import LLMEngine
 from worker.engine_loop import EngineLoop
 from worker.flights import Flights
 from worker.flusher import Flusher, Publish
 from worker.health import WorkerHealth
 from worker.heartbeat import Heartbeat
-from worker.host import EngineHost
+from worker.host import EngineHost, EngineKind
 from worker.reconciler import Reconciler
-from worker.results import EmbeddingResult, JobResult
+from worker.results import JobResult
 from worker.store import JobStore
 from worker.streamer import TokenStreamer
 
@@ -90,22 +90,7 @@ def run_worker(settings: Settings, ready_fd: int | None = None, model: str | Non
     model); once it consumes, says so in a log record and, with ``ready_fd`` (``pagedq up``), as one JSON
     line on that file descriptor. Raises ``ModelsError`` for a model that is not served here."""
     entry = served_entry(settings, model)
-    if entry.kind == "embed":
-        from worker.embedding_host import run_embedding_worker  # it builds on this module
-
-        run_embedding_worker(settings, entry, ready_fd)
-        return
-    serve(settings, entry, generation, ready_fd)
-
-
-@dataclass(frozen=True)
-class EngineKind:
-    """What differs between a generation worker and an embedding worker (worker/embedding_host.py)."""
-
-    make_loop: Callable[[Flights, TokenStreamer | None], EngineLoop[Any]]
-    result_of: Callable[[dict[str, Any], float], JobResult | EmbeddingResult]  # a claimed run's result
-    facts: Callable[[Any], dict[str, Any]]  # the engine's, for the ready line
-    streams: bool = True  # whether runs' text goes to Redis streams
+    serve(settings, entry, embedding if entry.kind == "embed" else generation, ready_fd)
 
 
 def generation(engine_config: EngineConfig) -> EngineKind:

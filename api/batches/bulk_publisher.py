@@ -12,7 +12,7 @@ import threading
 
 from celery import Celery
 
-from core.queue import publish_jobs, queue_name
+from core.queue import publish_jobs
 
 logger = logging.getLogger(__name__)
 CHUNK = 1000  # ids per pipeline
@@ -21,17 +21,17 @@ CHUNK = 1000  # ids per pipeline
 class BulkPublisher:
     def __init__(self, celery: Celery) -> None:
         self._celery = celery
-        self._work: queue.Queue[tuple[list[str], int, str] | None] = queue.Queue()
+        self._work: queue.Queue[tuple[list[str], str, int] | None] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="pagedq-bulk-publish", daemon=True)
         self._lock = threading.Lock()
 
-    def publish(self, job_ids: list[str], priority: int, model: str) -> None:
-        """Queue committed jobs of ``model`` for publishing to its queue, in order; returns at once."""
+    def publish(self, job_ids: list[str], to: str, priority: int) -> None:
+        """Queue committed jobs for publishing to ``to`` (their model's queue), in order; returns at once."""
         with self._lock:
             if not self._thread.is_alive():
                 self._thread.start()
         for start in range(0, len(job_ids), CHUNK):
-            self._work.put((job_ids[start : start + CHUNK], priority, queue_name(model)))
+            self._work.put((job_ids[start : start + CHUNK], to, priority))
 
     def close(self, timeout: float = 10.0) -> None:
         """Publish what is queued (for ``timeout`` seconds at most), then stop."""
@@ -41,9 +41,9 @@ class BulkPublisher:
 
     def _run(self) -> None:
         while (item := self._work.get()) is not None:
-            job_ids, priority, queue = item
+            job_ids, to, priority = item
             try:
-                publish_jobs(self._celery, job_ids, queue, priority)
+                publish_jobs(self._celery, job_ids, to, priority)
             except Exception as error:  # the reconciler republishes queued jobs without a message
                 logger.warning(
                     "publishing batch jobs failed; they stay queued and will be republished",

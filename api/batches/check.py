@@ -16,7 +16,7 @@ from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from api.batches.lines import LineError, read_lines
+from api.batches.lines import BatchModel, LineError, read_lines
 from api.prompts.encoder import ContextExceeded, PromptEncoder, PromptError
 from contract.engine import EngineConfig
 
@@ -46,7 +46,7 @@ class Slice(NamedTuple):
     raw_lines: list[bytes]
     first_number: int
     endpoint: str
-    served_model: str
+    model: BatchModel
 
 
 def check_slice(encoder: PromptEncoder, task: Slice) -> tuple[list[CheckedLine], list[LineError]]:
@@ -74,14 +74,14 @@ class BatchChecker:
         self._pool_args = (processes, model_dir, engine)
         self._pool = _start_pool(*self._pool_args) if processes > 0 else None
 
-    def check(self, content: bytes, endpoint: str, served_model: str) -> Iterator[CheckedLine]:
+    def check(self, content: bytes, endpoint: str, model: BatchModel) -> Iterator[CheckedLine]:
         """The file's lines, checked, in order, as their slices are done; raises ``BadLines`` (every bad
         line, by number) after the last slice if any line is bad, and yields no line after the first bad
         one (the caller's writes will be rolled back). A pool process that dies fails this check with
         ``BrokenProcessPool`` and is replaced with a new pool for the next."""
         raw_lines = content.splitlines()
         slices = (
-            Slice(raw_lines[start : start + SLICE_LINES], start + 1, endpoint, served_model)
+            Slice(raw_lines[start : start + SLICE_LINES], start + 1, endpoint, model)
             for start in range(0, len(raw_lines), SLICE_LINES)
         )
         if self._pool is None:

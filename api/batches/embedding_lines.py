@@ -7,22 +7,22 @@ of embedding lines holds far fewer lines than a chat batch's tens of thousands.
 
 from api.batches.check import CheckedLine, unique
 from api.batches.lines import EMBEDDINGS, LineError, envelope
-from api.embeddings.encoder import EmbeddingEncoders, EmbeddingInputError
+from api.embeddings.encoder import EmbeddingInputError
 from api.embeddings.schemas import BodyError, EmbeddingsBody, read_body
-from core.served_models import ModelEntry, ModelsError, kind_problem
+from api.http.problems import UnknownModel, WrongKind
+from api.served_models import ServedModels
+from core.served_models import ModelEntry
 
 Read = tuple[int, str, EmbeddingsBody, list[str] | list[list[int]]]  # number, custom_id, body, inputs
 
 
-def check_embedding_lines(
-    encoders: EmbeddingEncoders, content: bytes
-) -> tuple[str | None, list[CheckedLine]]:
+def check_embedding_lines(models: ServedModels, content: bytes) -> tuple[str | None, list[CheckedLine]]:
     """The batch's model and its lines, checked, in order; raises ``BadLines`` naming every bad line."""
     read, errors = _read(content)
-    entry = _model(encoders, read, errors)
+    entry = _model(models, read, errors)
     checked: list[CheckedLine] = []
     if entry is not None:
-        encoder = encoders.get(entry)
+        encoder = models.embedder(entry.name)
         for number, custom_id, body, inputs in read:
             try:
                 token_ids = encoder.encode(inputs, body.params())
@@ -56,7 +56,7 @@ def _read(content: bytes) -> tuple[list[Read], list[LineError]]:
     return read, errors
 
 
-def _model(encoders: EmbeddingEncoders, read: list[Read], errors: list[LineError]) -> ModelEntry | None:
+def _model(models: ServedModels, read: list[Read], errors: list[LineError]) -> ModelEntry | None:
     """The served embedding model the first good line names, each line naming another being an error."""
     if not read:
         return None
@@ -66,11 +66,7 @@ def _model(encoders: EmbeddingEncoders, read: list[Read], errors: list[LineError
             message = f"model {body.model!r}: a batch's lines name one model, and line {first} names {name!r}"
             errors.append(LineError(number, "invalid_value", message, "body.model"))
     try:
-        entry = encoders.entry(name)
-    except ModelsError as error:
-        errors.append(LineError(first, "model_not_found", str(error), "body.model"))
+        return models.embedding(name)
+    except (UnknownModel, WrongKind) as error:
+        errors.append(LineError(first, error.code, str(error), "body.model"))
         return None
-    if problem := kind_problem(entry, "embed"):
-        errors.append(LineError(first, "invalid_model_kind", problem, "body.model"))
-        return None
-    return entry

@@ -8,7 +8,7 @@ accepts them. A problem is a ``LineError``: its 1-based line, a code, a message,
 
 import json
 from dataclasses import dataclass
-from typing import Any, Literal, get_args
+from typing import Any, Literal, NamedTuple, get_args
 
 from pydantic import ValidationError
 from pydantic_core import ErrorDetails, from_json
@@ -57,6 +57,31 @@ class LineError(Exception):
         return {"code": self.code, "message": escaped(self.message), "line": self.line, "param": param}
 
 
+class BatchModel(NamedTuple):
+    """The one model a batch runs (as OpenAI's: its first line's, else the default), and every served one."""
+
+    name: str
+    served: tuple[str, ...]
+
+    def check(self, model: object) -> None:
+        if model not in self.served:
+            message = f"model {model!r} is not served here; served: {', '.join(self.served)}"
+            raise _error("model_not_found", message, "body.model")
+        if model != self.name:
+            message = f"a batch runs one model, its first line's ({self.name!r}); this line names {model!r}"
+            raise _error("model_mismatch", message, "body.model")
+
+
+def first_model(content: bytes) -> str | None:
+    """The model the file's first request line names, if it can be read and names one."""
+    raw = next((line for line in content.splitlines() if line.strip()), b"")
+    try:
+        model = from_json(raw)["body"]["model"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return model if isinstance(model, str) else None
+
+
 @dataclass
 class Line:
     number: int
@@ -66,7 +91,7 @@ class Line:
 
 
 def read_lines(
-    raw_lines: list[bytes], first_number: int, endpoint: str, served_model: str
+    raw_lines: list[bytes], first_number: int, endpoint: str, model: BatchModel
 ) -> tuple[list[Line], list[LineError]]:
     """Every non-blank line as a ``Line``, or its ``LineError``, numbered from ``first_number``.
     Whether a custom_id repeats is for the caller to see: it sees the whole file."""
@@ -76,16 +101,16 @@ def read_lines(
         if not raw.strip():
             continue
         try:
-            lines.append(_line(number, raw, endpoint, served_model))
+            lines.append(_line(number, raw, endpoint, model))
         except LineError as error:
             errors.append(error)
     return lines, errors
 
 
-def _line(number: int, raw: bytes, endpoint: str, served_model: str) -> Line:
+def _line(number: int, raw: bytes, endpoint: str, model: BatchModel) -> Line:
     try:
         request = envelope(raw, endpoint)
-        spec, fills_context = to_spec(request["body"], endpoint, served_model)
+        spec, fills_context = to_spec(request["body"], endpoint, model)
     except LineError as error:
         error.line = number
         raise
@@ -157,19 +182,19 @@ def _envelope(request: dict[str, Any], endpoint: str) -> dict[str, Any]:
 
 
 def to_spec(
-    body: dict[str, Any], endpoint: str, served_model: str, logprobs: int | None = None
+    body: dict[str, Any], endpoint: str, batch: BatchModel | None, logprobs: int | None = None
 ) -> tuple[JobSpec, bool]:
     """The job spec for an OpenAI request body, and whether it fills the context (no max_tokens).
+    ``batch``: the line's batch, whose one model it must name if it names one (online: None; the
+    submission looks the model up).
     ``logprobs``: the top alternatives per token, from OpenAI's logprobs fields that the caller took
     (the online routes return them; a batch line refuses them)."""
     fields = {key: value for key, value in body.items() if value is not None and key not in IGNORED}
     _refuse_what_cannot_be_honoured(fields, endpoint)
     if logprobs is not None:
         fields["logprobs"] = logprobs
-    model = fields.pop("model", None)
-    if model is not None and model != served_model:
-        message = f"model {model!r} is not served here; this service serves {served_model!r}"
-        raise _error("model_not_found", message, "body.model")
+    if batch is not None and "model" in fields:
+        batch.check(fields["model"])
     if INPUT[endpoint] not in fields:
         raise _error(
             "missing_required_parameter", f"the body has no {INPUT[endpoint]!r}", f"body.{INPUT[endpoint]}"

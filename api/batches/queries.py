@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 from api.batches.bulk_insert import insert_jobs
 from api.batches.check import BadLines, CheckedLine
 from api.batches.embedding_lines import check_embedding_lines
-from api.batches.lines import EMBEDDINGS, LineError
+from api.batches.lines import EMBEDDINGS, BatchModel, LineError, first_model
 from api.batches.schemas import BatchIn, BatchOut
 from api.deps import Service
 from api.files.queries import find as find_file
@@ -68,13 +68,17 @@ def create(service: Service, caller: Caller, request: BatchIn) -> BatchOut:
 
 
 def _lines(service: Service, batch: Batch, content: bytes) -> Iterable[CheckedLine]:
-    """The file's lines, checked (``BadLines`` if any is bad); an embeddings file's are all read first,
-    and set the batch's model (the one its lines name)."""
-    if batch.endpoint != EMBEDDINGS:
-        return service.batch_checker.check(content, batch.endpoint, service.settings.served_model_name)
-    model, lines = check_embedding_lines(service.embedders, content)
+    """The file's lines, checked as they are taken (``BadLines`` if any is bad; an embeddings file's, all
+    at once), and the batch's one model set: its first line's (an embeddings file's must name one)."""
+    if batch.endpoint == EMBEDDINGS:
+        batch.model, lines = check_embedding_lines(service.models, content)
+        return lines
+    named = first_model(content)  # a batch runs one model; a line naming an unserved one is a bad line
+    model = service.models.generating(named if named in service.models.names else None).name
     batch.model = model
-    return lines
+    return service.models.checker(model).check(
+        content, batch.endpoint, BatchModel(model, tuple(service.models.names))
+    )
 
 
 def _input_file(service: Service, caller: Caller, file_id: str) -> bytes:
@@ -93,7 +97,6 @@ def _new_batch(service: Service, request: BatchIn) -> Batch:
     return Batch(
         id=new_batch_id(),
         endpoint=request.endpoint,
-        model=service.settings.served_model_name,
         input_file_id=request.input_file_id,
         completion_window=request.completion_window,
         meta=request.metadata,
@@ -136,7 +139,7 @@ def _start(service: Service, caller: Caller, batch: Batch, lines: Iterable[Check
         if caller.key_id is not None and caller.limits is not None:
             hold_keys(session, [caller.key_id])  # counted after every other submission of the key
         check_active(session, caller, batch.total, inserted=True)  # refused: all of it rolls back
-    service.bulk_publisher.publish(ids, batch.priority, batch.model or service.settings.served_model_name)
+    service.bulk_publisher.publish(ids, service.models.queue(batch.model), batch.priority)
 
 
 def _shared_by_jobs(batch: Batch) -> dict[str, Any]:

@@ -9,7 +9,7 @@ from api.batches import queries as batches
 from api.batches.schemas import BatchDeleted, BatchIn, BatchLatency, BatchList, BatchOut
 from api.deps import ServiceDep
 from api.http.auth import CallerDep
-from api.http.responses import INVALID, error, not_found
+from api.http.responses import INVALID, MODEL_REFUSED, error, not_found
 
 router = APIRouter(prefix="/v1/batches", tags=["batches"])
 NOT_FOUND = not_found("batch")
@@ -27,7 +27,7 @@ file (succeeded lines) and the error file (failed and cancelled lines), in input
     "",
     summary="Create a batch from an uploaded file",
     description=CREATE_DESCRIPTION,
-    responses=error(404, "No such input file") | INVALID,
+    responses=MODEL_REFUSED | error(404, "No such input file, or model") | INVALID,
 )
 def create_batch(request: BatchIn, service: ServiceDep, caller: CallerDep) -> BatchOut:
     return batches.create(service, caller, request)

@@ -3,7 +3,7 @@ model's own tokenizer, and cut to what is embedded as sentence-transformers cuts
 included, to ``max_seq_length`` or a request's ``truncate_prompt_tokens``); token ids are checked against
 the vocabulary. So the job's ``usage.prompt_tokens`` is known when it is accepted, and what could never be
 embedded is refused then, never a failed job later. One encoder per embedding model, made on its first
-request and kept (``EmbeddingEncoders``).
+request and kept (``api/served_models.py``).
 """
 
 import asyncio
@@ -19,8 +19,6 @@ from transformers import AutoTokenizer
 from contract.pooling import EmbeddingParams, token_limit
 from contract.pooling_files import model_pooling
 from contract.sampling import ContractError
-from core.served_models import ModelEntry, model_named
-from core.settings import Settings
 
 T = TypeVar("T")
 Inputs = list[str] | list[list[int]]
@@ -72,27 +70,3 @@ class EmbeddingEncoder:
             if limit <= self.tokenizer.num_special_tokens_to_add():  # too short to truncate by the tokenizer
                 return [ids[:limit] for ids in self.tokenizer(texts)["input_ids"]]
             return self.tokenizer(texts, truncation=True, max_length=limit)["input_ids"]
-
-
-class EmbeddingEncoders:
-    """The served embedding models' encoders, each made on first use and kept."""
-
-    def __init__(self, settings: Settings, resolve: Callable[[str], Path]) -> None:
-        self.settings, self.resolve = settings, resolve
-        self._encoders: dict[str, EmbeddingEncoder] = {}
-        self._lock = threading.Lock()
-
-    def get(self, entry: ModelEntry) -> EmbeddingEncoder:
-        """Blocks while a model's tokenizer loads: call it off the event loop."""
-        with self._lock:
-            if (encoder := self._encoders.get(entry.name)) is None:
-                encoder = self._encoders[entry.name] = EmbeddingEncoder(self.resolve(entry.source))
-            return encoder
-
-    def entry(self, name: str) -> ModelEntry:
-        """The served model ``name``; raises ``ModelsError`` naming the served ones."""
-        return model_named(self.settings, name)
-
-    def close(self) -> None:
-        for encoder in self._encoders.values():
-            encoder.close()

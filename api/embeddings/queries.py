@@ -10,7 +10,7 @@ from typing import Any
 from starlette.concurrency import run_in_threadpool
 
 from api.deps import Service
-from api.embeddings.encoder import EmbeddingEncoder, EmbeddingInputError, Inputs
+from api.embeddings.encoder import EmbeddingInputError, Inputs
 from api.embeddings.schemas import EmbeddingsBody
 from api.http.caller import Caller
 from api.http.limits import check_sizes
@@ -19,12 +19,13 @@ from api.openai.online import OpenAIError
 from core.embeddings import EMBEDDINGS_ENDPOINT, embedding_body
 from core.models import Job, utcnow
 from core.retention import deadline
-from core.served_models import ModelEntry, ModelsError, kind_problem
+from core.served_models import ModelEntry
 from core.states import JobStatus
 
 
 async def submit(service: Service, caller: Caller, body: EmbeddingsBody, inputs: Inputs) -> Job:
-    entry, encoder = await run_in_threadpool(_model, service, body.model)
+    entry = service.models.embedding(body.model)  # UnknownModel (404), WrongKind (400)
+    encoder = await run_in_threadpool(service.models.embedder, entry.name)
     if caller.limits is not None:  # off the event loop: a Redis round trip
         await run_in_threadpool(service.limiter.request, caller)
     try:
@@ -39,18 +40,6 @@ async def submit(service: Service, caller: Caller, body: EmbeddingsBody, inputs:
         await run_in_threadpool(admit_tokens, service, caller, tokens)
     await service.submitter.submit(job, caller)
     return job
-
-
-def _model(service: Service, name: str) -> tuple[ModelEntry, EmbeddingEncoder]:
-    """The served embedding model ``name`` and its encoder (loaded on first use): 404 for a model not
-    served, 400 for one of another kind."""
-    try:
-        entry = service.embedders.entry(name)
-    except ModelsError as error:
-        raise OpenAIError(404, str(error), "model", "model_not_found") from None
-    if problem := kind_problem(entry, "embed"):
-        raise OpenAIError(400, problem, "model", "invalid_model_kind")
-    return entry, service.embedders.get(entry)
 
 
 def _new_job(

@@ -9,7 +9,7 @@ from pydantic import BaseModel, Field
 
 from api.deps import ServiceDep
 from api.http.auth import CallerDep
-from api.http.responses import INVALID
+from api.http.responses import INVALID, MODEL_REFUSED
 from api.openai import online as openai_online
 from core.choices import choices_of
 from core.spec import JobSpec, SamplingSpec, Text
@@ -19,6 +19,7 @@ router = APIRouter(tags=["classic"])
 
 class GenerateIn(SamplingSpec):
     prompt: Text = Field(min_length=1)
+    model: str | None = Field(None, description="a served generate model; default: the first listed")
     stream: Literal[False] = Field(
         False, description="streaming: use /v1/completions or /v1/jobs/{id}/events"
     )
@@ -32,7 +33,7 @@ class GenerateOut(BaseModel):
     "/generate",
     summary="Generate, as vLLM's classic demo server did",
     response_model=GenerateOut,
-    responses=INVALID,
+    responses=INVALID | MODEL_REFUSED,
 )
 async def generate(body: GenerateIn, request: Request, service: ServiceDep, caller: CallerDep) -> Response:
     spec = JobSpec.model_validate(body.model_dump(exclude={"stream"}))

@@ -7,13 +7,13 @@ from collections.abc import Callable
 
 from fastapi import APIRouter, Response
 from prometheus_client import CONTENT_TYPE_LATEST
-from sqlalchemy import exists, select, text
+from sqlalchemy import text
 
 from api.deps import Service, ServiceDep
-from api.health.schemas import Health, Readiness
+from api.health.schemas import Health, ModelReadiness, Readiness
 from api.http.auth import AdminDep
 from api.http.errors import RETRY_LATER
-from core.models import Worker
+from api.http.metrics import live_workers_by_model
 
 router = APIRouter(tags=["operations"])
 
@@ -31,16 +31,23 @@ async def healthz() -> Health:  # on the event loop itself: it answers when the 
     responses={503: {"model": Readiness, "description": "Not ready; `checks` says what is missing"}},
 )
 def readyz(response: Response, service: ServiceDep, _: AdminDep) -> Readiness:
+    live: dict[str, int] = {}
     checks = {
         "database": _check(_ping_database, service),
         "broker": _check(_ping_broker, service),
-        "worker": _check(_find_live_worker, service),
+        "worker": _check(lambda service: _find_live_workers(service, live), service),
     }
     ready = all(result == "ok" for result in checks.values())
     response.status_code = 200 if ready else 503
     if not ready:
         response.headers.update(RETRY_LATER)
-    return Readiness(status="ok" if ready else "unavailable", checks=checks)
+    models = {
+        entry.name: ModelReadiness(
+            kind=entry.kind, workers=entry.workers, live_workers=live.get(entry.name, 0)
+        )
+        for entry in service.models.entries
+    }
+    return Readiness(status="ok" if ready else "unavailable", checks=checks, models=models)
 
 
 class NotReady(Exception):
@@ -68,12 +75,14 @@ def _ping_broker(service: Service) -> None:
         connection.ensure_connection(max_retries=1, interval_start=0, timeout=BROKER_TIMEOUT)
 
 
-def _find_live_worker(service: Service) -> None:
-    model, timeout = service.settings.served_model_name, service.settings.heartbeat_timeout
-    live = exists().where(Worker.model == model, Worker.alive(timeout))
-    with service.db_engine.connect() as connection:
-        if not connection.scalar(select(live)):
-            raise NotReady(f"no worker serving {model} has heartbeated in the last {timeout:g} s")
+def _find_live_workers(service: Service, live: dict[str, int]) -> None:
+    """Counts each model's live workers into ``live``; each served model needs one, but those listed
+    with ``workers = 0`` (scaled from zero elsewhere, by KEDA on their queue's depth: docs/scale-out.md)."""
+    timeout = service.settings.heartbeat_timeout
+    wanted = [entry.name for entry in service.models.entries if entry.workers > 0]
+    live.update(live_workers_by_model(service.sessions, timeout))
+    if missing := [name for name in wanted if name not in live]:
+        raise NotReady(f"no worker serving {', '.join(missing)} has heartbeated in the last {timeout:g} s")
 
 
 @router.get(

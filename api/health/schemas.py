@@ -7,6 +7,13 @@ class Health(BaseModel):
     status: str = "ok"
 
 
+class ModelReadiness(BaseModel):
+    kind: str = Field(description="generate or embed")
+    workers: int = Field(description="the worker processes it is listed with (0: scaled from zero elsewhere)")
+    live_workers: int = Field(description="its workers with a recent heartbeat")
+
+
 class Readiness(BaseModel):
     status: str = Field(description="ok, or unavailable")
     checks: dict[str, str] = Field(description="per dependency: ok, or why not")
+    models: dict[str, ModelReadiness] = Field(default_factory=dict, description="each served model")

@@ -28,6 +28,8 @@ from api.http.problems import (
     TooMany,
     Unauthenticated,
     Unavailable,
+    UnknownModel,
+    WrongKind,
 )
 from core.spec import escaped
 
@@ -43,7 +45,16 @@ OPENAI_ROUTES = (
 RETRY_LATER = {"Retry-After": "5"}  # on every 503: seconds a client should wait before it retries
 
 
-STATUS = {NotFound: 404, Conflict: 409, Unavailable: 503, Unauthenticated: 401, Forbidden: 403, TooMany: 429}
+STATUS = {
+    NotFound: 404,
+    UnknownModel: 404,
+    WrongKind: 400,
+    Conflict: 409,
+    Unavailable: 503,
+    Unauthenticated: 401,
+    Forbidden: 403,
+    TooMany: 429,
+}
 # Invalid: 422, as the request validator's
 OPENAI_CODES = {401: "invalid_api_key", 403: "forbidden", 429: "rate_limit_exceeded"}
 
@@ -76,15 +87,19 @@ async def _problem(request: Request, error: Exception) -> Response:
         headers = {"WWW-Authenticate": "Bearer"}
     elif isinstance(error, TooMany):
         headers = error.headers
-    return await _http_error(request, HTTPException(status, str(error), headers=headers))
+    code = getattr(error, "code", None)
+    param = "model" if isinstance(error, UnknownModel | WrongKind) else None
+    return await _http_error(request, HTTPException(status, str(error), headers=headers), code, param)
 
 
-async def _http_error(request: Request, error: Exception) -> Response:
+async def _http_error(
+    request: Request, error: Exception, code: str | None = None, param: str | None = None
+) -> Response:
     assert isinstance(error, StarletteHTTPException)
     if not request.url.path.startswith(OPENAI_ROUTES):
         return await http_exception_handler(request, error)
-    code = OPENAI_CODES.get(error.status_code)
-    body = {"detail": error.detail, "error": _openai_error(str(error.detail), None, code)}
+    code = code or OPENAI_CODES.get(error.status_code)
+    body = {"detail": error.detail, "error": _openai_error(str(error.detail), param, code)}
     return JSONResponse(body, status_code=error.status_code, headers=error.headers)
 
 

@@ -25,7 +25,7 @@ from sqlalchemy import ColumnElement, func, select
 from sqlalchemy.orm import Session, load_only, sessionmaker
 
 from core.models import ApiKey, Job, Worker, utcnow
-from core.queue import queue_depth
+from core.queue import queue_depth, queue_name
 from core.states import JobStatus
 from core.timings import timings
 
@@ -45,10 +45,10 @@ ENGINE_GAUGES = {  # the worker's ``stats`` key → metric name, help
 
 class Metrics:
     def __init__(
-        self, sessions: sessionmaker[Session], celery: Celery, queue: str, heartbeat_timeout: float
+        self, sessions: sessionmaker[Session], celery: Celery, models: list[str], heartbeat_timeout: float
     ) -> None:
         self.registry = CollectorRegistry()
-        self.registry.register(LiveCollector(sessions, celery, queue, heartbeat_timeout))
+        self.registry.register(LiveCollector(sessions, celery, models, heartbeat_timeout))
         self._finished = FinishedJobs(sessions, self.registry)
 
     def render(self) -> bytes:
@@ -152,6 +152,12 @@ def job_counts(session: Session, *where: ColumnElement[bool]) -> dict[JobStatus,
     return counts
 
 
+def live_workers_by_model(sessions: sessionmaker[Session], heartbeat_timeout: float) -> dict[str, int]:
+    counted = select(Worker.model, func.count()).where(Worker.alive(heartbeat_timeout)).group_by(Worker.model)
+    with sessions() as session:
+        return dict(session.execute(counted).tuples().all())
+
+
 def live_workers(session: Session, heartbeat_timeout: float) -> list[Worker]:
     return list(session.scalars(select(Worker).where(Worker.alive(heartbeat_timeout)).order_by(Worker.id)))
 
@@ -160,11 +166,11 @@ class LiveCollector(Collector):
     """Gauges read from the database and the broker at every scrape."""
 
     def __init__(
-        self, sessions: sessionmaker[Session], celery: Celery, queue: str, heartbeat_timeout: float
+        self, sessions: sessionmaker[Session], celery: Celery, models: list[str], heartbeat_timeout: float
     ) -> None:
         self._sessions = sessions
         self._celery = celery
-        self._queue = queue
+        self._models = models  # the served models' names: each has its queue
         self._heartbeat_timeout = heartbeat_timeout
 
     def collect(self) -> Iterator[Metric]:
@@ -181,7 +187,10 @@ class LiveCollector(Collector):
 
     def _engines(self, session: Session) -> Iterator[Metric]:
         workers = live_workers(session, self._heartbeat_timeout)
-        yield GaugeMetricFamily("pagedq_workers", "Workers with a recent heartbeat", value=len(workers))
+        live = GaugeMetricFamily("pagedq_workers", "Workers with a recent heartbeat", labels=["model"])
+        for model in self._models:
+            live.add_metric([model], sum(worker.model == model for worker in workers))
+        yield live
         for key, (name, description) in ENGINE_GAUGES.items():
             family = GaugeMetricFamily(name, description, labels=["worker", "model"])
             for worker in workers:
@@ -190,11 +199,15 @@ class LiveCollector(Collector):
             yield family
 
     def _queue_depth(self) -> Iterator[Metric]:
-        try:
-            depth = queue_depth(self._celery, self._queue)
-        except Exception as error:  # a scrape still reports the rest while the broker is down
-            logger.warning("reading the depth of queue %s failed: %s", self._queue, error)
-            return
-        family = GaugeMetricFamily("pagedq_queue_depth", "Messages waiting in the broker", labels=["queue"])
-        family.add_metric([self._queue], depth)
+        """Each model's queue (what KEDA scales that model's workers on: docs/scale-out.md)."""
+        family = GaugeMetricFamily(
+            "pagedq_queue_depth", "Messages waiting in the broker", labels=["queue", "model"]
+        )
+        for model in self._models:
+            queue = queue_name(model)
+            try:
+                family.add_metric([queue, model], queue_depth(self._celery, queue))
+            except Exception as error:  # a scrape still reports the rest while the broker is down
+                logger.warning("reading the depth of queue %s failed: %s", queue, error)
+                return
         yield family

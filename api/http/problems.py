@@ -16,6 +16,21 @@ class NotFound(Problem):
         super().__init__(f"{kind} {key!r} not found")
 
 
+class UnknownModel(Problem):
+    """A model this service does not serve (404, OpenAI's ``model_not_found``); names the served ones."""
+
+    code = "model_not_found"
+
+    def __init__(self, name: str, served: list[str]) -> None:
+        super().__init__(f"model {name!r} is not served here; served: {', '.join(served)}")
+
+
+class WrongKind(Problem):
+    """A served model asked for what its kind does not do (400): chat of an embedding model."""
+
+    code = "model_kind_mismatch"
+
+
 class Conflict(Problem):
     """The request is valid, but the object's state does not allow it now (409)."""
 

@@ -33,5 +33,11 @@ def error(status: int, description: str) -> Responses:
     return {status: {"model": ErrorOut, "description": description}}
 
 
+# A request for a model: one not served, or one whose kind does not do what is asked.
+MODEL_REFUSED: Responses = error(404, "No such model is served (`model_not_found`)") | error(
+    400, "The model's kind does not do this (chat of an embedding model)"
+)
+
+
 def not_found(what: str) -> Responses:
     return error(404, f"No {what} has this id") | INVALID

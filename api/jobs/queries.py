@@ -16,7 +16,6 @@ from api.http.problems import Conflict, Invalid, NotFound
 from api.prompts.encoder import ContextExceeded, PromptError
 from core.models import ApiKey, Job, utcnow
 from core.retention import deadline, job_live
-from core.served_models import other_kind
 from core.spec import JobSpec
 from core.states import TERMINAL, JobStatus
 from core.webhooks import (
@@ -42,7 +41,7 @@ async def submit(
     The row is committed before its id is published, so a worker never receives an id it cannot load.
     A retry (an ``idempotency_key`` whose job exists) is looked up first: free, it returns that job.
     """
-    _check_model(service, spec)
+    entry = service.models.generating(spec.model)  # 404 for a model not served, 400 for an embedding one
     hashed = request_hash(spec) if idempotency_key else None  # before the context fills max_tokens
     if idempotency_key is not None:
         found = await run_in_threadpool(_find_earlier, service, idempotency_key, caller.key_id, hashed)
@@ -50,14 +49,15 @@ async def submit(
             return found, False
     if caller.limits is not None:  # off the event loop: a Redis round trip
         await run_in_threadpool(service.limiter.request, caller)
+    encoder = await service.models.loaded_encoder(entry.name)
     try:
-        token_ids = await service.prompts.run(service.prompts.encode, spec)
+        token_ids = await encoder.run(encoder.encode, spec)
     except PromptError as error:
         kind = "context_length_exceeded" if isinstance(error, ContextExceeded) else "invalid_prompt"
         raise Invalid(("body", error.field), str(error), kind) from error
     if fills_context:
-        spec.max_tokens = service.prompts.context_length - len(token_ids)
-    job = _new_job(service, spec, token_ids, idempotency_key, hashed)
+        spec.max_tokens = encoder.context_length - len(token_ids)
+    job = _new_job(service, spec, entry.name, token_ids, idempotency_key, hashed)
     job.key_id = caller.key_id
     if caller.limits is not None:
         check_sizes(caller.limits, len(token_ids), spec.max_tokens, max(spec.n, spec.best_of or 0), ("body",))
@@ -96,28 +96,24 @@ def _submit_once(service: Service, job: Job, caller: Caller, idempotency_key: st
     return job, True
 
 
-def _check_model(service: Service, spec: JobSpec) -> None:
-    served = service.settings.served_model_name
-    if spec.model is not None and (problem := other_kind(service.settings, spec.model, "generate")):
-        raise Invalid(("body", "model"), problem, "invalid_model_kind")
-    if spec.model is not None and spec.model != served:
-        message = f"model {spec.model!r} is not served here; this service serves {served!r}"
-        raise Invalid(("body", "model"), message, "model_not_served")
-
-
 def _new_job(
-    service: Service, spec: JobSpec, token_ids: list[int], idempotency_key: str | None, hashed: str | None
+    service: Service,
+    spec: JobSpec,
+    model: str,
+    token_ids: list[int],
+    idempotency_key: str | None,
+    hashed: str | None,
 ) -> Job:
     now = utcnow()
     return Job(
         status=JobStatus.QUEUED,
-        model=service.settings.served_model_name,
+        model=model,
         priority=spec.priority,
         prompt=spec.prompt,
         messages=[message.model_dump() for message in spec.messages] if spec.messages else None,
         prompt_token_ids=token_ids,
         prompt_tokens=len(token_ids),
-        params=spec.engine_params(service.prompts.sampling_defaults),
+        params=spec.engine_params(service.models.encoder(model).sampling_defaults),
         meta=spec.metadata,
         webhook_url=str(spec.webhook_url) if spec.webhook_url else None,
         webhook_events=spec.webhook_events,
@@ -191,6 +187,7 @@ def page(
     metadata: dict[str, str],
     batch_id: str | None = None,
     key: str | None = None,
+    model: str | None = None,
 ) -> tuple[list[Job], bool]:
     """Up to ``limit`` jobs older than the cursor ``after``, newest first, and whether more follow.
 
@@ -205,6 +202,8 @@ def page(
     if key is not None:
         named = select(ApiKey.id).where(or_(ApiKey.id == key, ApiKey.name == key))
         query = query.where(Job.key_id.in_(named))
+    if model is not None:
+        query = query.where(Job.model == model)
     if statuses:
         query = query.where(Job.status.in_(statuses))
     for key, value in metadata.items():

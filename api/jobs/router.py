@@ -9,7 +9,7 @@ from starlette.concurrency import run_in_threadpool
 from api.deps import Service, ServiceDep
 from api.http.auth import CallerDep
 from api.http.caller import OPEN
-from api.http.responses import DATABASE_DOWN, INVALID, InvalidOut, error, not_found
+from api.http.responses import DATABASE_DOWN, INVALID, MODEL_REFUSED, InvalidOut, error, not_found
 from api.jobs import queries as jobs
 from api.jobs.schemas import JobDeleted, JobList, JobOut, JobRequest
 from api.jobs.streams import encoded, job_events
@@ -63,9 +63,10 @@ Prefer = Annotated[
             "headers": LOCATION | APPLIED,
         },
         **COMMON,
+        **MODEL_REFUSED,
         422: {
             "model": InvalidOut,
-            "description": "Invalid body, prompt longer than the context, wrong model, key reused",
+            "description": "Invalid body, prompt longer than the context, key reused",
         },
     },
 )
@@ -160,13 +161,14 @@ def list_jobs(
     status: Annotated[list[JobStatus] | None, Query(description="only jobs in these states")] = None,
     batch_id: Annotated[str | None, Query(description="only the jobs of this batch")] = None,
     key: Annotated[str | None, Query(description="only the jobs this key (its name or id) submitted")] = None,
+    model: Annotated[str | None, Query(description="only the jobs of this served model")] = None,
 ) -> JobList:
     metadata = {
         key.removeprefix("metadata."): value
         for key, value in request.query_params.multi_items()
         if key.startswith("metadata.")
     }
-    page, has_more = jobs.page(service, caller, limit, after, status or [], metadata, batch_id, key)
+    page, has_more = jobs.page(service, caller, limit, after, status or [], metadata, batch_id, key, model)
     return JobList(
         data=[JobOut.of(job) for job in page],
         has_more=has_more,

@@ -47,7 +47,7 @@ class OnlineRequest(NamedTuple):
     include_usage: bool  # the stream ends with a usage chunk
 
 
-def online_request(body: dict[str, Any], endpoint: str, served_model: str) -> OnlineRequest:
+def online_request(body: dict[str, Any], endpoint: str) -> OnlineRequest:
     """A request body mapped and checked: every refusal but the context's (that needs the prompt's tokens)."""
     fields = dict(body)
     stream = fields.pop("stream", None) or False
@@ -64,7 +64,7 @@ def online_request(body: dict[str, Any], endpoint: str, served_model: str) -> On
     if not isinstance(options, dict) or options.keys() - {"include_usage"}:
         raise OpenAIError(400, "stream_options takes only include_usage", "stream_options", "invalid_value")
     try:
-        spec, fills_context = to_spec(fields, endpoint, served_model, top_logprobs)
+        spec, fills_context = to_spec(fields, endpoint, None, top_logprobs)
     except LineError as error:
         param = (error.param or "").removeprefix("body.") or None
         raise OpenAIError(400, error.message, param, error.code) from None

@@ -12,20 +12,25 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.sse import EventSourceResponse
 
 from api.batches.lines import CHAT, COMPLETIONS
-from api.deps import ServiceDep
+from api.deps import Service, ServiceDep
 from api.http.auth import CallerDep
 from api.http.caller import Caller
-from api.http.responses import INVALID
+from api.http.metrics import live_workers_by_model
+from api.http.responses import INVALID, MODEL_REFUSED
 from api.openai import online as openai_online
 from api.openai.online import OpenAIError
-from core.served_models import other_kind
+from core.served_models import ModelEntry
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 STARTED = int(time.time())
 OpenAIBody = Annotated[
     dict[str, Any], Body(description="OpenAI's request body; unsupported fields are a 400 that names them")
 ]
-BAD_REQUEST = INVALID | {400: {"description": "Invalid request: `{error: {message, type, param, code}}`"}}
+BAD_REQUEST = (
+    INVALID
+    | MODEL_REFUSED
+    | {400: {"description": "Invalid request: `{error: {message, type, param, code}}`"}}
+)
 UNKNOWN_MODEL = INVALID | {404: {"description": "No such model is served"}}
 
 
@@ -47,11 +52,7 @@ async def _complete(
     body: dict[str, Any], request: Request, service: ServiceDep, caller: Caller, endpoint: str
 ) -> Response:
     try:
-        if problem := other_kind(service.settings, body.get("model"), "generate"):
-            raise OpenAIError(400, problem, "model", "invalid_model_kind")
-        spec, fills_context, stream, include_usage = openai_online.online_request(
-            body, endpoint, service.settings.served_model_name
-        )
+        spec, fills_context, stream, include_usage = openai_online.online_request(body, endpoint)
         job = await openai_online.submit(service, caller, spec, fills_context)
         if stream:
             chunks = openai_online.stream_chunks(service, job, endpoint, include_usage)
@@ -64,19 +65,30 @@ async def _complete(
         return error.response()
 
 
-@router.get("/models", summary="The served model, as OpenAI lists models")
+@router.get("/models", summary="The served models, as OpenAI lists models, with their kind and context")
 def list_models(service: ServiceDep) -> dict[str, Any]:
-    return {"object": "list", "data": [_model(service.settings.served_model_name)]}
+    live = live_workers_by_model(service.sessions, service.settings.heartbeat_timeout)
+    return {"object": "list", "data": [_model(service, entry, live) for entry in service.models.entries]}
 
 
-@router.get("/models/{model_id}", summary="One model", responses=UNKNOWN_MODEL)
-def get_model(model_id: str, service: ServiceDep) -> Response:
-    served = service.settings.served_model_name
-    if model_id != served:
-        message = f"model {model_id!r} is not served here; this service serves {served!r}"
-        return OpenAIError(404, message, "model", "model_not_found").response()
-    return JSONResponse(_model(served))
+@router.get("/models/{model_id:path}", summary="One model", responses=UNKNOWN_MODEL)
+def get_model(model_id: str, service: ServiceDep) -> dict[str, Any]:
+    live = live_workers_by_model(service.sessions, service.settings.heartbeat_timeout)
+    return _model(service, service.models.entry(model_id), live)
 
 
-def _model(name: str) -> dict[str, Any]:
-    return {"id": name, "object": "model", "created": STARTED, "owned_by": "pagedq"}
+def _model(service: Service, entry: ModelEntry, live: dict[str, int]) -> dict[str, Any]:
+    """OpenAI's fields, then pagedq's: a generate model's context length is its encoder's (loaded
+    on first use); an embedding model's is its worker's business (None here)."""
+    generate = entry.kind == "generate"
+    return {
+        "id": entry.name,
+        "object": "model",
+        "created": STARTED,
+        "owned_by": "pagedq",
+        "kind": entry.kind,
+        "context_length": service.models.encoder(entry.name).context_length if generate else None,
+        "dtype": entry.dtype,
+        "quantization": entry.quantization,
+        "live_workers": live.get(entry.name, 0),
+    }

@@ -49,10 +49,11 @@ def overview(service: Service, caller: Caller) -> Overview:
 
 
 def _queue_depth(service: Service) -> int | None:
+    """The messages waiting in every served model's queue."""
     try:
-        return queue_depth(service.celery, service.queue)
+        return sum(queue_depth(service.celery, service.models.queue(name)) for name in service.models.names)
     except Exception as error:  # the rest of the page still shows while the broker is down
-        logger.warning("reading the depth of queue %s failed: %s", service.queue, error)
+        logger.warning("reading the depth of the queues failed: %s", error)
         return None
 
 

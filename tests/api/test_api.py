@@ -53,7 +53,7 @@ def client(service_settings: Settings) -> Iterator[TestClient]:
 
 
 def _client(settings: Settings) -> TestClient:
-    return TestClient(create_app(settings, Path(settings.model)))
+    return TestClient(create_app(settings))
 
 
 def _changed(settings: Settings, changes: dict[str, Any]) -> Settings:
@@ -241,7 +241,6 @@ def test_concurrent_submissions_share_commits_and_each_is_published(
         ({"prompt": PROMPT, "max_tokens": 0}, 422, "greater than or equal to 1"),
         ({"prompt": PROMPT, "max_tokens": 2000}, 422, "exceeds the model's context of 1024 tokens"),
         ({"prompt": PROMPT, "min_tokens": 9, "max_tokens": 4}, 422, "must not exceed max_tokens"),
-        ({"prompt": PROMPT, "model": "gpt-4"}, 422, "'gpt-4' is not served here"),
         ({"messages": [{"role": "wizard", "content": "hi"}]}, 422, "'system', 'user', 'assistant'"),
         ({"prompt": PROMPT, "priority": 101}, 422, "less than or equal to 100"),
         ([PROMPT], 422, "must be a JSON object"),
@@ -537,6 +536,7 @@ def test_ready_only_while_a_live_worker_serves_the_model(
     assert response.json() == {
         "status": "unavailable",
         "checks": {"database": "ok", "broker": "ok", "worker": no_worker},
+        "models": {model: {"kind": "generate", "workers": 1, "live_workers": 0}},
     }
 
     with db.begin() as session:
@@ -548,7 +548,8 @@ def test_ready_only_while_a_live_worker_serves_the_model(
         session.add(Worker(id="live:1", model=model, heartbeat_at=utcnow()))
     response = client.get("/readyz")
     assert response.status_code == 200
-    assert response.json() == {"status": "ok", "checks": {"database": "ok", "broker": "ok", "worker": "ok"}}
+    assert response.json()["checks"] == {"database": "ok", "broker": "ok", "worker": "ok"}
+    assert response.json()["models"][model]["live_workers"] == 1
 
 
 @pytest.mark.parametrize(
@@ -597,6 +598,7 @@ def test_metrics_count_jobs_and_observe_finished_ones_once(
     client: TestClient, db: sessionmaker[Session], service_settings: Settings
 ) -> None:
     _, running, done = (_submit(client)["id"] for _ in range(3))
+    model = service_settings.served_model_name
     now = utcnow()
     _set(db, running, status="running", started_at=now)
     _set(
@@ -614,8 +616,8 @@ def test_metrics_count_jobs_and_observe_finished_ones_once(
     )
     with db() as session:
         stats = {"num_running": 1, "num_waiting": 2, "kv_cache_usage": 0.25, "tokens_per_s": 40.5}
-        session.add(Worker(id="w-live", model="tiny", heartbeat_at=now, stats=stats))
-        session.add(Worker(id="w-dead", model="tiny", heartbeat_at=now - timedelta(hours=1), stats=stats))
+        session.add(Worker(id="w-live", model=model, heartbeat_at=now, stats=stats))
+        session.add(Worker(id="w-dead", model=model, heartbeat_at=now - timedelta(hours=1), stats=stats))
         session.commit()
 
     first = _samples(client)
@@ -623,12 +625,12 @@ def test_metrics_count_jobs_and_observe_finished_ones_once(
 
     for status, count in {"queued": 1, "running": 1, "succeeded": 1, "failed": 0, "cancelled": 0}.items():
         assert first[("pagedq_jobs", (("status", status),))] == count
-    assert first[("pagedq_queue_depth", (("queue", queue_name(service_settings.served_model_name)),))] == 3
-    live = (("model", "tiny"), ("worker", "w-live"))
+    assert first[("pagedq_queue_depth", (("model", model), ("queue", queue_name(model))))] == 3
+    live = (("model", model), ("worker", "w-live"))
     assert first[("pagedq_engine_waiting_requests", live)] == 2
     assert first[("pagedq_engine_kv_cache_usage_ratio", live)] == 0.25
     assert not any(dict(labels).get("worker") == "w-dead" for _, labels in first)
-    assert first[("pagedq_workers", ())] == 1
+    assert first[("pagedq_workers", (("model", model),))] == 1
     for samples in (first, second):  # observed once, on the first scrape only
         assert samples[("pagedq_queue_time_seconds_count", ())] == 1
         assert samples[("pagedq_queue_time_seconds_sum", ())] == pytest.approx(0.5)
@@ -671,7 +673,7 @@ def test_openapi_document_is_valid_and_declares_every_response(client: TestClien
         for method, operation in operations.items()
     }
     assert declared == {
-        ("/v1/jobs", "post"): {"200", "202", "422", "503"},
+        ("/v1/jobs", "post"): {"200", "202", "400", "404", "422", "503"},
         ("/v1/jobs", "get"): {"200", "422", "503"},
         ("/v1/jobs/{job_id}", "get"): {"200", "404", "422", "503"},
         ("/v1/jobs/{job_id}/events", "get"): {"200", "404", "422", "503"},
@@ -681,7 +683,7 @@ def test_openapi_document_is_valid_and_declares_every_response(client: TestClien
         ("/v1/files/{file_id}", "get"): {"200", "404", "422"},
         ("/v1/files/{file_id}", "delete"): {"200", "404", "409", "422"},
         ("/v1/files/{file_id}/content", "get"): {"200", "404", "422"},
-        ("/v1/batches", "post"): {"200", "404", "422"},
+        ("/v1/batches", "post"): {"200", "400", "404", "422"},
         ("/v1/batches", "get"): {"200", "422"},
         ("/v1/batches/{batch_id}", "get"): {"200", "404", "422"},
         ("/v1/batches/{batch_id}", "delete"): {"200", "404", "409", "422"},
@@ -692,11 +694,11 @@ def test_openapi_document_is_valid_and_declares_every_response(client: TestClien
         ("/v1/batches/{batch_id}/latency", "get"): {"200", "404", "422"},
         ("/v1/overview", "get"): {"200", "503"},
         ("/v1/usage", "get"): {"200", "422", "503"},
-        ("/v1/chat/completions", "post"): {"200", "400", "422"},
-        ("/v1/completions", "post"): {"200", "400", "422"},
+        ("/v1/chat/completions", "post"): {"200", "400", "404", "422"},
+        ("/v1/completions", "post"): {"200", "400", "404", "422"},
         ("/v1/models", "get"): {"200"},
         ("/v1/models/{model_id}", "get"): {"200", "404", "422"},
-        ("/generate", "post"): {"200", "422"},
+        ("/generate", "post"): {"200", "400", "404", "422"},
         ("/healthz", "get"): {"200"},
         ("/readyz", "get"): {"200", "503"},
         ("/metrics", "get"): {"200"},

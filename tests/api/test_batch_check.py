@@ -14,6 +14,7 @@ from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
 from transformers import AutoTokenizer
 
 from api.batches.check import SLICE_LINES, BadLines, BatchChecker, CheckedLine
+from api.batches.lines import BatchModel
 from api.prompts.encoder import PromptEncoder
 from api.prompts.piece_encoding import PieceEncoder
 from contract.engine import EngineConfig
@@ -21,7 +22,7 @@ from core.spec import JobSpec
 from worker.engine.default_model import ensure_default_model
 
 CHAT = "/v1/chat/completions"
-MODEL = "tiny"
+MODEL = BatchModel("tiny", ("tiny",))
 LINES = 2 * SLICE_LINES + 7  # three slices, the last one short
 
 

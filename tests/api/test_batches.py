@@ -318,7 +318,7 @@ def test_batch_requests_are_refused_with_clear_errors(client):
     with pytest.raises(openai.UnprocessableEntityError, match="completion_window"):
         client.batches.create(input_file_id=file_id, endpoint=CHAT, completion_window="1d")
     with pytest.raises(openai.UnprocessableEntityError, match="endpoint"):
-        client.batches.create(input_file_id=file_id, endpoint="/v1/embeddings", completion_window="24h")
+        client.batches.create(input_file_id=file_id, endpoint="/v1/responses", completion_window="24h")
     with pytest.raises(openai.NotFoundError, match="file-nope"):
         client.batches.create(input_file_id="file-nope", endpoint=CHAT, completion_window="24h")
     with pytest.raises(openai.NotFoundError, match="batch_nope"):
@@ -418,7 +418,7 @@ def test_workers_finalizing_a_batch_at_once_write_one_output_and_one_event(clien
     ],
 )
 def test_openai_bodies_map_onto_the_engine_sampling_fields(body, expected):
-    spec, fills = to_spec({k: v for k, v in body.items() if v is not None}, CHAT, "m")
+    spec, fills = to_spec({k: v for k, v in body.items() if v is not None}, CHAT, None)
     assert not fills and spec.engine_params().items() >= expected.items()
 
 
@@ -429,7 +429,7 @@ def test_openai_message_forms_become_plain_chat_messages():
             {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
         ]
     }
-    spec, fills = to_spec(body, CHAT, "m")
+    spec, fills = to_spec(body, CHAT, None)
     assert fills and [m.model_dump() for m in spec.messages] == [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "ab"},
@@ -440,7 +440,7 @@ def test_a_batch_runs_its_course_on_sqlite_the_embedded_mode(tiny_llama: Path, t
     settings = Settings(data_dir=tmp_path / "data", model=str(tiny_llama), max_model_len=256)
     upgrade(settings)
     lines = [request_line(f"r{i}", {"prompt": f"fox {i}", "max_tokens": 4}, COMPLETIONS) for i in range(3)]
-    with TestClient(create_app(settings, tiny_llama)) as http:
+    with TestClient(create_app(settings)) as http:
         file = http.post("/v1/files", files={"file": ("in.jsonl", jsonl(lines))}, data={"purpose": "batch"})
         body = {"input_file_id": file.json()["id"], "endpoint": COMPLETIONS, "completion_window": "24h"}
         batch = http.post("/v1/batches", json=body).json()

@@ -4,7 +4,6 @@ parameters and JSON bodies: lone surrogates, NUL, deep nesting, long strings. Ag
 its ASGI interface, with the real PostgreSQL and Redis of a test's own."""
 
 import json
-from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
@@ -77,7 +76,7 @@ def test_no_request_is_a_server_error(service_settings: Settings) -> None:
     settings = Settings(
         **{**service_settings.model_dump(), "max_wait_seconds": 0.0, "heartbeat_timeout": 3600}
     )
-    app = create_app(settings, Path(settings.model))
+    app = create_app(settings)
     db_engine = make_db_engine(settings)
     with make_sessionmaker(db_engine).begin() as session:
         session.add(Worker(id="fuzz:1", model=settings.served_model_name, heartbeat_at=utcnow(), stats={}))

@@ -5,7 +5,6 @@ import asyncio
 import json
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -32,7 +31,7 @@ def _settings(settings: Settings, **changes: Any) -> Settings:
 
 @pytest.fixture
 def client(service_settings: Settings) -> Iterator[TestClient]:
-    app = create_app(_settings(service_settings), Path(service_settings.model))
+    app = create_app(_settings(service_settings))
     with TestClient(app, raise_server_exceptions=False) as client:
         yield client
 
@@ -190,7 +189,7 @@ def test_a_job_the_database_refuses_fails_alone_in_its_group_commit(
     service_settings: Settings, db: Database
 ) -> None:
     """Validation refuses what PostgreSQL refuses; should a job still slip through, only it fails."""
-    app = create_app(service_settings, Path(service_settings.model))
+    app = create_app(service_settings)
     service = app.state.service
     submitter = Submitter(service.sessions, service.celery)
 
@@ -231,7 +230,7 @@ def test_a_job_the_database_refuses_fails_alone_in_its_group_commit(
 
 def test_a_body_over_the_limit_is_a_413_before_it_is_read_whole(service_settings: Settings) -> None:
     settings = _settings(service_settings, max_request_bytes=4096, max_upload_bytes=8192)
-    with TestClient(create_app(settings, Path(settings.model))) as client:
+    with TestClient(create_app(settings)) as client:
         big = json.dumps({"prompt": "x" * 5000}).encode()
         declared = client.post("/v1/jobs", content=big, headers=JSON)
         chunked = client.post("/v1/jobs", content=iter([big[:3000], big[3000:]]), headers=JSON)
@@ -248,7 +247,8 @@ def test_a_body_over_the_limit_is_a_413_before_it_is_read_whole(service_settings
 
 
 def test_a_prompt_longer_than_any_context_could_hold_is_refused_before_tokenizing(client: TestClient) -> None:
-    encoder = client.app.state.service.prompts
+    models = client.app.state.service.models
+    encoder = models.encoder(models.default_chat)
     assert encoder.max_chars is not None and encoder.max_chars >= encoder.context_length
     encoder._lock.acquire()  # tokenizing would wait for this: the refusal must not need it
     try:
@@ -279,7 +279,8 @@ def test_the_event_loop_serves_other_requests_while_a_prompt_waits_for_the_token
 ) -> None:
     """A batch check holds the tokenizer for a slice at a time: a job submitted meanwhile must wait in
     the tokenizer's thread, not on the event loop, where it would stall /healthz and everything else."""
-    encoder = client.app.state.service.prompts
+    models = client.app.state.service.models
+    encoder = models.encoder(models.default_chat)
     submitted: list[int] = []
     held = WatchedLock()
     monkeypatch.setattr(encoder, "_lock", held)

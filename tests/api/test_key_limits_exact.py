@@ -6,7 +6,6 @@ PostgreSQL and Redis."""
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -34,8 +33,8 @@ def clients(settings: Settings, db: Database) -> Iterator[list[TestClient]]:
     """Two API services on one database: the limit cannot live in one process's memory."""
     make_key(db, "root", admin=True)
     with (
-        TestClient(create_app(settings, Path(settings.model))) as one,
-        TestClient(create_app(settings, Path(settings.model))) as two,
+        TestClient(create_app(settings)) as one,
+        TestClient(create_app(settings)) as two,
     ):
         yield [one, two]
 

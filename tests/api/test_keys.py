@@ -67,7 +67,7 @@ def admin(db: Database) -> str:
 
 @pytest.fixture
 def client(settings: Settings, admin: str) -> Iterator[TestClient]:
-    with TestClient(create_app(settings, Path(settings.model))) as client:
+    with TestClient(create_app(settings)) as client:
         yield client
 
 
@@ -157,7 +157,7 @@ NOT_OBJECT_SCOPED = {
     ("POST", "/generate"),
     ("GET", "/v1/models"),
     ("GET", "/v1/usage"),  # rows scoped by key, not objects: tests/api/test_usage.py checks isolation
-    ("GET", "/v1/models/{model_id}"),
+    ("GET", "/v1/models/{model_id:path}"),  # a served name may hold a slash (org/model)
     ("GET", "/healthz"),
     ("GET", "/readyz"),  # admin only
     ("GET", "/metrics"),  # admin only
@@ -339,13 +339,11 @@ def test_auth_is_required_beyond_loopback_and_a_first_start_needs_an_admin_key(
     assert not Settings(host="0.0.0.0", auth="off").auth_required
     exposed = Settings(**{**service_settings.model_dump(), "host": "0.0.0.0"})
     with pytest.raises(keys.NoAdminKey, match="PAGEDQ_ADMIN_KEY"):
-        create_app(exposed, Path(exposed.model))
+        create_app(exposed)
     with pytest.raises(keys.NoAdminKey, match="43"):
-        create_app(exposed.model_copy(update={"admin_key": "pq_short"}), Path(exposed.model))
+        create_app(exposed.model_copy(update={"admin_key": "pq_short"}))
     bootstrap = keys.new_key()
-    with TestClient(
-        create_app(exposed.model_copy(update={"admin_key": bootstrap}), Path(exposed.model))
-    ) as c:
+    with TestClient(create_app(exposed.model_copy(update={"admin_key": bootstrap}))) as c:
         assert c.get("/v1/jobs").status_code == 401
         assert c.get("/metrics", headers=bearer(bootstrap)).status_code == 200
         assert c.get("/healthz").status_code == 200

@@ -33,7 +33,7 @@ def client(service_settings: Settings, broker: PrivateRedis, db: Database) -> It
     with db.sessions.begin() as session:
         keys.create(session, "root", True)
         user = keys.create(session, "user", False)[1]
-    app = create_app(settings, Path(settings.model))
+    app = create_app(settings)
     with TestClient(
         app, raise_server_exceptions=False, headers={"Authorization": f"Bearer {user}"}
     ) as client:

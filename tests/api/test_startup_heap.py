@@ -4,7 +4,6 @@ tokenizer, every module), which stopped every thread, the event loop's too, for 
 effect on the loop is measured by ``bench/service_overhead.py --healthz-during-batch``."""
 
 import gc
-from pathlib import Path
 
 from fastapi.testclient import TestClient
 
@@ -14,7 +13,7 @@ from core.settings import Settings
 
 def test_serving_starts_with_the_startup_heap_frozen(service_settings: Settings) -> None:
     gc.unfreeze()  # what earlier apps of this test process froze
-    app = create_app(service_settings, Path(service_settings.model))
+    app = create_app(service_settings)
     assert gc.get_freeze_count() == 0
     with TestClient(app) as client:
         assert client.get("/healthz").status_code == 200

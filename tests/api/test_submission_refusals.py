@@ -4,7 +4,6 @@ constraint, and a beam search wider than a step. Against the real PostgreSQL and
 
 from collections.abc import Iterator
 from datetime import datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,7 +24,7 @@ PROMPT = {"prompt": "The quick brown fox"}
 def client(service_settings: Settings) -> Iterator[TestClient]:
     narrow = {"max_num_batched_tokens": 4, "max_num_seqs": 8, "max_wait_seconds": 0.0}
     settings = Settings(**{**service_settings.model_dump(), **narrow})
-    with TestClient(create_app(settings, Path(settings.model)), raise_server_exceptions=False) as client:
+    with TestClient(create_app(settings), raise_server_exceptions=False) as client:
         yield client
 
 

@@ -2,7 +2,6 @@
 
 from collections.abc import Iterator
 from datetime import UTC, datetime
-from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
@@ -36,7 +35,7 @@ def admin(db: Database) -> str:
 
 @pytest.fixture
 def client(settings: Settings, admin: str) -> Iterator[TestClient]:
-    with TestClient(create_app(settings, Path(settings.model))) as client:
+    with TestClient(create_app(settings)) as client:
         yield client
 
 

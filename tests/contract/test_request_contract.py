@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from api.batches.lines import CHAT, COMPLETIONS, read_lines
+from api.batches.lines import CHAT, COMPLETIONS, BatchModel, read_lines
 from api.generate.router import GenerateIn
 from api.openai.online import OpenAIError, online_request
 from contract.context import context_problem, max_model_len
@@ -151,7 +151,7 @@ def openai_body(endpoint: str, params: dict[str, Any]) -> dict[str, Any]:
 
 def online_accepts(endpoint: str, body: dict[str, Any]) -> JobSpec | None:
     try:
-        return online_request(body, endpoint, "m").spec
+        return online_request(body, endpoint).spec
     except OpenAIError as error:
         assert error.status == 400
         return None
@@ -159,7 +159,7 @@ def online_accepts(endpoint: str, body: dict[str, Any]) -> JobSpec | None:
 
 def batch_line_accepts(endpoint: str, body: dict[str, Any]) -> bool:
     line = {"custom_id": "1", "method": "POST", "url": endpoint, "body": body}
-    return not read_lines([json.dumps(line).encode()], 1, endpoint, "m")[1]
+    return not read_lines([json.dumps(line).encode()], 1, endpoint, BatchModel("m", ("m",)))[1]
 
 
 # logprobs and best_of mean something else to OpenAI: they have their own test below.
@@ -206,7 +206,7 @@ def test_the_new_users_request_names_the_field_at_fault() -> None:
     [problem] = refused.value.errors()
     assert problem["loc"] == ("top_k",) and "beam search does not support top_k" in problem["msg"]
     with pytest.raises(OpenAIError) as openai:
-        online_request(openai_body(COMPLETIONS, THE_NEW_USERS_REQUEST), COMPLETIONS, "m")
+        online_request(openai_body(COMPLETIONS, THE_NEW_USERS_REQUEST), COMPLETIONS)
     assert (openai.value.param, openai.value.code) == ("top_k", "invalid_value")
 
 

@@ -4,7 +4,6 @@ import io
 import json
 import logging
 from collections.abc import Iterator
-from pathlib import Path
 
 import psycopg
 import pytest
@@ -64,7 +63,7 @@ def test_a_database_error_on_a_submission_logs_no_user_content_or_secret(
     url = settings.resolved_database_url.replace("postgresql+psycopg://", "postgresql://")
     with psycopg.connect(url, autocommit=True) as connection:
         connection.execute(FAILURES[failure])
-    app = create_app(settings, Path(settings.model))
+    app = create_app(settings)
     with TestClient(app, raise_server_exceptions=False) as client:
         response = client.post("/v1/jobs", json=REQUEST)
 

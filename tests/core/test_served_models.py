@@ -11,7 +11,8 @@ from core.settings import Settings
 pytestmark = pytest.mark.fast
 
 
-def test_unset_serves_the_chat_model_and_the_embedding_model() -> None:
+def test_unset_serves_the_chat_model_and_the_embedding_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PAGEDQ_EMBED_MODEL", raising=False)  # tests/conftest.py's one-model default
     entries = served_models(Settings(models="", model=DEFAULT_MODEL, quantization="gguf", max_num_seqs=8))
     assert [(e.name, e.kind) for e in entries] == [
         (DEFAULT_MODEL, "generate"),

@@ -24,7 +24,7 @@ from tests.support.services import Process, service_env, wait_for
 @contextmanager
 def api_over_http(settings: Settings) -> Iterator[str]:
     """The API served over real HTTP by uvicorn, in a thread of this process, on a free port."""
-    app = create_app(settings, Path(settings.model))
+    app = create_app(settings)
     server = uvicorn.Server(uvicorn.Config(app, port=0, log_config=None, access_log=False))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -38,7 +38,7 @@ def api_over_http(settings: Settings) -> Iterator[str]:
 
 @contextmanager
 def api_client(settings: Settings) -> Iterator[TestClient]:
-    with TestClient(create_app(settings, Path(settings.model))) as client:
+    with TestClient(create_app(settings)) as client:
         yield client
 
 
