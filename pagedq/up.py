@@ -1,5 +1,5 @@
-"""``pagedq up``: migrate, start a worker and the webhook sender as children, serve the API in this
-process, and say in one line when the whole service can take work."""
+"""``pagedq up``: migrate, start each served model's workers and the webhook sender as children, serve the
+API in this process, and say in one line per model when the whole service can take work."""
 
 import fcntl
 import json
@@ -16,8 +16,10 @@ from typing import Any
 
 import httpx
 
+from core.queue import queue_name
+from core.served_models import ModelEntry, served_models
 from core.settings import Settings
-from pagedq.serve import bootstrap_keys, env_for, migrate, serve_api
+from pagedq.serve import bootstrap_keys, env_for, migrate, model_dir, serve_api
 
 logger = logging.getLogger("pagedq")
 
@@ -38,26 +40,25 @@ def up(settings: Settings) -> int:
 
 
 def _run(settings: Settings) -> int:
-    from worker.engine.default_model import resolve_model
-
     migrate(settings)
     if not bootstrap_keys(settings):
         return 1
-    resolve_model(settings.model)  # build the default model once, before the worker and the API want it
+    entries = [entry for entry in served_models(settings) if entry.workers > 0]
+    for entry in entries:  # build the built-in models once, before the workers and the API want them
+        model_dir(entry)
     url = settings.listen_url
-    model = settings.served_model_name
     access = (
         "API keys required" if settings.auth_required else f"open, no API keys, to all on {settings.host}"
     )
-    _say(f"starting the API on {url} ({access}) and a worker, which loads {model} first; wait for '{READY}'")
-    ready_read, ready_write = os.pipe()
-    children = {
-        "worker": _child(settings, "worker", "--ready-fd", str(ready_write), pass_fds=(ready_write,)),
-        "webhooks": _child(settings, "webhooks"),
-    }
-    os.close(ready_write)
+    workers = ", ".join(f"{entry.workers} for {entry.name}" for entry in entries)
+    _say(
+        f"starting the API on {url} ({access}) and workers ({workers}), which load their models "
+        f"first; wait for '{READY}'"
+    )
+    children, ready_reads = _workers(settings, entries)
+    children["webhooks"] = _child(settings, "webhooks")
     api_stopping = threading.Event()
-    threading.Thread(target=_announce_when_ready, args=(url, ready_read, api_stopping), daemon=True).start()
+    threading.Thread(target=_announce_when_ready, args=(url, ready_reads, api_stopping), daemon=True).start()
     for name, child in children.items():
         threading.Thread(target=_stop_when_child_dies, args=(name, child, api_stopping), daemon=True).start()
     try:
@@ -87,17 +88,44 @@ def data_dir_lock(data_dir: Path) -> Iterator[None]:
         yield
 
 
-def _child(settings: Settings, *args: str, pass_fds: tuple[int, ...] = ()) -> subprocess.Popen[bytes]:
+def _workers(
+    settings: Settings, entries: list[ModelEntry]
+) -> tuple[dict[str, subprocess.Popen[bytes]], list[int]]:
+    """``entry.workers`` worker processes per model, each with a status file of its own; the first of
+    each model says on a pipe of its own when it consumes (the read ends are returned)."""
+    children, ready_reads = {}, []
+    for entry in entries:
+        for i in range(entry.workers):
+            status = settings.data_dir / f"worker-status-{queue_name(entry.name)}-{i}.json"
+            args, pass_fds = ["worker", "--model", entry.name], ()
+            if i == 0:
+                ready_read, ready_write = os.pipe()
+                args, pass_fds = [*args, "--ready-fd", str(ready_write)], (ready_write,)
+                ready_reads.append(ready_read)
+            env = {"PAGEDQ_WORKER_STATUS_FILE": str(status)}
+            children[f"worker {entry.name} {i}"] = _child(settings, *args, pass_fds=pass_fds, env=env)
+            for fd in pass_fds:
+                os.close(fd)
+    return children, ready_reads
+
+
+def _child(
+    settings: Settings, *args: str, pass_fds: tuple[int, ...] = (), env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
     command = [sys.executable, "-m", "pagedq", *args]  # stdout: Celery's notes on shutting down
-    return subprocess.Popen(command, env=env_for(settings), pass_fds=pass_fds, stdout=subprocess.DEVNULL)
+    environment = env_for(settings) | (env or {})
+    return subprocess.Popen(command, env=environment, pass_fds=pass_fds, stdout=subprocess.DEVNULL)
 
 
-def _announce_when_ready(url: str, ready_read: int, api_stopping: threading.Event) -> None:
-    """After the worker's line on ``ready_read`` (it consumes) and a 200 from /readyz, the ready line."""
-    with os.fdopen(ready_read) as announcement:
-        line = announcement.readline()
-    if not line:  # the worker died first; _stop_when_child_dies reports it
-        return
+def _announce_when_ready(url: str, ready_reads: list[int], api_stopping: threading.Event) -> None:
+    """After each model's first worker's line (it consumes) and a 200 from /readyz, a ready line per model."""
+    workers = []
+    for ready_read in ready_reads:
+        with os.fdopen(ready_read) as announcement:
+            line = announcement.readline()
+        if not line:  # a worker died first; _stop_when_child_dies reports it
+            return
+        workers.append(json.loads(line))
     while not api_stopping.wait(0.2):
         try:
             if httpx.get(f"{url}/readyz", timeout=5).status_code == 200:
@@ -106,18 +134,28 @@ def _announce_when_ready(url: str, ready_read: int, api_stopping: threading.Even
             continue
     else:
         return
-    worker = json.loads(line)
-    logger.info("service ready", extra={"api": url} | worker)
-    print(ready_lines(url, worker), flush=True)
+    for worker in workers:
+        logger.info("service ready", extra={"api": url} | worker)
+    print(ready_lines(url, workers), flush=True)
 
 
-def ready_lines(url: str, worker: dict[str, Any]) -> str:
-    """The ready line, then the README's first request and where to watch it."""
-    kv = f"{worker['kv_cache_bytes'] / 2**30:.2f} GiB ({worker['kv_cache_blocks']} blocks)"
+def ready_lines(url: str, workers: list[dict[str, Any]]) -> str:
+    """A ready line per model, then the README's first request and where to watch it."""
+    lines = []
+    for worker in workers:
+        kv = (
+            f", KV cache {worker['kv_cache_bytes'] / 2**30:.2f} GiB ({worker['kv_cache_blocks']} blocks)"
+            if "kv_cache_bytes" in worker
+            else ""
+        )
+        where = (
+            f"{worker.get('device', '?')} ({worker.get('dtype', '?')}, context {worker.get('max_model_len')})"
+        )
+        lines.append(
+            f"{READY}: API {url}, worker {worker['worker_id']}, model {worker['model']} on {where}{kv}\n"
+        )
     return (
-        f"{READY}: API {url}, worker {worker['worker_id']}, model {worker['model']} on {worker['device']} "
-        f"({worker['dtype']}, context {worker['max_model_len']}), KV cache {kv}\n"
-        "Try:\n"
+        "".join(lines) + "Try:\n"
         f"  curl -s {url}/v1/jobs -H 'Content-Type: application/json' -H 'Prefer: wait=30' \\\n"
         """    -d '{"messages": [{"role": "user", "content": "Name three rivers."}], "max_tokens": 64}'"""
         f"\nand watch it in the console: {url}/console"
@@ -152,7 +190,8 @@ def _stop_children(children: dict[str, subprocess.Popen[bytes]], grace: float) -
         try:
             for name, child in children.items():
                 if child.poll() is None:
-                    child.send_signal(signal.SIGTERM if sig == signal.SIGUSR2 and name != "worker" else sig)
+                    worker = name.startswith("worker")
+                    child.send_signal(signal.SIGTERM if sig == signal.SIGUSR2 and not worker else sig)
             for child in children.values():
                 child.wait()
             return

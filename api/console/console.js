@@ -157,9 +157,11 @@ function overview() {
   const cards = h("div", { className: "cards" });
   const queue = h("div", { className: "cards" });
   const workers = h("div");
+  const models = h("div");
   const charts = h("div", { className: "charts" });
   show(h("h2", {}, "Overview"), h("section", {}, h("h3", {}, "Jobs by state"), cards),
-    h("section", {}, h("h3", {}, "Queue"), queue), h("section", {}, h("h3", {}, "Live workers"), workers),
+    h("section", {}, h("h3", {}, "Queue"), queue), h("section", {}, h("h3", {}, "Models"), models),
+    h("section", {}, h("h3", {}, "Live workers"), workers),
     h("section", {}, h("h3", {}, "Last hour, by minute"), charts));
   const card = (value, label, name) => h("div", { className: "card", dataset: { count: name || label } }, h("b", {}, value), h("span", {}, label));
   return repeat(async () => {
@@ -168,6 +170,7 @@ function overview() {
       h("a", { href: `#/jobs?status=${state}`, style: "text-decoration:none;color:inherit" }, card(n, state))));
     queue.replaceChildren(card(o.queue_depth ?? "?", o.scope === "key" ? "your queued jobs" : "messages in the broker", "queue_depth"),
       card(fmt.age(o.oldest_queued_age_s), "oldest queued job waiting", "oldest_queued"));
+    models.replaceChildren(modelTable(o.models));
     workers.replaceChildren(o.scope === "key" ? h("p", { className: "muted" }, "shown to admin keys")
       : o.workers.length ? workerTable(o.workers) : h("p", { className: "error" }, "no live worker"));
     const x = o.last_hour.map((m) => Date.parse(m.at) / 1000);
@@ -178,6 +181,16 @@ function overview() {
     );
     document.title = `pagedq: ${o.jobs.running} running, ${o.jobs.queued} queued`;
   });
+}
+
+function modelTable(models) {
+  const known = (v) => (v === null ? "–" : v);
+  return h("table", { className: "models" },
+    h("tr", {}, ["model", "kind", "queued", "in the broker", "live workers", "tokens/s (last hour)"].map((t) => h("th", {}, t))),
+    models.map((m) => h("tr", { dataset: { model: m.name } },
+      h("td", {}, h("a", { href: `#/jobs?model=${encodeURIComponent(m.name)}` }, m.name)), h("td", {}, m.kind),
+      h("td", { className: "num" }, m.queued), h("td", { className: "num" }, known(m.queue_depth)),
+      h("td", { className: "num" }, known(m.live_workers)), h("td", { className: "num" }, m.tokens_per_s.toFixed(3)))));
 }
 
 function workerTable(workers) {
@@ -200,19 +213,20 @@ function jobs(params) {
   state.value = params.get("status") || "";
   const batch = h("input", { name: "batch_id", value: params.get("batch_id") || "", size: 36 });
   const meta = h("input", { name: "metadata", value: params.get("metadata") || "", placeholder: "key=value", size: 20 });
+  const model = h("input", { name: "model", value: params.get("model") || "", size: 16 });
   const owner = h("select", { name: "key" }, h("option", { value: "" }, "any"));
   const ownerField = field("key", owner);
   ownerField.hidden = true; // shown to admins, who may list the keys
   const form = h("form", { className: "filters", onsubmit: (event) => {
     event.preventDefault();
     const query = new URLSearchParams();
-    for (const [name, el] of [["status", state], ["batch_id", batch], ["metadata", meta], ["key", owner]]) if (el.value) query.set(name, el.value);
+    for (const [name, el] of [["status", state], ["batch_id", batch], ["model", model], ["metadata", meta], ["key", owner]]) if (el.value) query.set(name, el.value);
     location.hash = `#/jobs?${query}`;
-  } }, field("status", state), field("batch", batch), field("metadata", meta), ownerField, h("button", {}, "Filter"));
+  } }, field("status", state), field("batch", batch), field("model", model), field("metadata", meta), ownerField, h("button", {}, "Filter"));
   const list = h("div");
   show(h("h2", {}, "Jobs"), form, list);
   const query = new URLSearchParams({ limit: "50" });
-  for (const name of ["after", "key"]) if (params.get(name)) query.set(name, params.get(name));
+  for (const name of ["after", "key", "model"]) if (params.get(name)) query.set(name, params.get(name));
   if (state.value) query.set("status", state.value);
   if (batch.value) query.set("batch_id", batch.value);
   const [key, ...value] = meta.value.split("=");

@@ -17,8 +17,8 @@ from sqlalchemy.orm import Session
 from api.deps import Service
 from api.http.caller import Caller
 from api.http.metrics import job_counts, live_workers
-from api.overview.schemas import Minute, Overview, WorkerOut
-from core.models import Job, utcnow
+from api.overview.schemas import Minute, ModelOut, Overview, WorkerOut
+from core.models import Job, Worker, utcnow
 from core.queue import queue_depth
 from core.states import JobStatus
 from core.timings import ms, time_to_first_token_ms
@@ -37,23 +37,56 @@ def overview(service: Service, caller: Caller) -> Overview:
         queued = select(func.min(Job.queued_at), func.count()).where(Job.status == JobStatus.QUEUED, mine)
         oldest, own_queued = session.execute(queued).one()
         workers = live_workers(session, service.settings.heartbeat_timeout) if caller.admin else []
+        models = _models(service, session, now, mine, workers if caller.admin else None)
+        depths = [model.queue_depth for model in models]
+        broker = None if None in depths else sum(depth or 0 for depth in depths)  # None: it did not answer
         return Overview(
             now=now,
             scope="all" if caller.admin else "key",
             jobs=job_counts(session, mine),
-            queue_depth=_queue_depth(service) if caller.admin else own_queued,
+            queue_depth=broker if caller.admin else own_queued,
             oldest_queued_age_s=(now - oldest).total_seconds() if oldest else None,
             workers=[WorkerOut.of(w) for w in workers],
             last_hour=_last_hour(session, now, mine),
+            models=models,
         )
 
 
-def _queue_depth(service: Service) -> int | None:
-    """The messages waiting in every served model's queue."""
+def _models(
+    service: Service, session: Session, now: datetime, mine: ColumnElement[bool], workers: list[Worker] | None
+) -> list[ModelOut]:
+    """Each model's queued jobs, broker queue and workers (an admin's), and last hour's tokens per second."""
+    queued = dict(
+        session.execute(
+            select(Job.model, func.count()).where(Job.status == JobStatus.QUEUED, mine).group_by(Job.model)
+        ).tuples().all()
+    )
+    hour = now - timedelta(minutes=HOUR_MINUTES)
+    tokens = dict(
+        session.execute(
+            select(Job.model, func.sum(Job.completion_tokens))
+            .where(Job.finished_at >= hour, mine)
+            .group_by(Job.model)
+        ).tuples().all()
+    )
+    return [
+        ModelOut(
+            name=entry.name,
+            kind=entry.kind,
+            queued=queued.get(entry.name, 0),
+            queue_depth=None if workers is None else _depth(service, entry.name),
+            live_workers=None if workers is None else sum(w.model == entry.name for w in workers),
+            tokens_per_s=round((tokens.get(entry.name) or 0) / (HOUR_MINUTES * 60), 3),
+        )
+        for entry in service.models.entries
+    ]
+
+
+def _depth(service: Service, model: str) -> int | None:
     try:
-        return sum(queue_depth(service.celery, service.models.queue(name)) for name in service.models.names)
+        return queue_depth(service.celery, service.models.queue(model))
     except Exception as error:  # the rest of the page still shows while the broker is down
-        logger.warning("reading the depth of the queues failed: %s", error)
+        logger.warning("reading the depth of the queue of %s failed: %s", model, error)
         return None
 
 

@@ -98,6 +98,16 @@ def test_overview_sees_a_submitted_job_appear_and_finish(page, up: httpx.Client)
     succeeded = "document.querySelector('[data-count=succeeded] b').textContent"
     page.wait_for_function(f"{succeeded} == '{before + 1}'")
     assert page.evaluate("pagedq.charts.throughput.data[1].at(-1)") > 0  # this minute's tokens per second
+    (model,) = up.get("/v1/models").json()["data"]
+    row = page.locator(f"table.models tr[data-model='{model['id']}']")
+    assert row.locator("td").all_inner_texts()[1:5] == [
+        "generate",
+        "0",
+        "0",
+        "1",
+    ]  # kind, queued, broker, workers
+    row.locator("a").click()  # the model's jobs
+    page.wait_for_selector(f"tr[data-job='{job['id']}']")
 
     page.goto("/console/#/jobs?metadata=from%3Dconsole-test")
     row = page.locator(f"tr[data-job='{job['id']}']")
@@ -180,6 +190,14 @@ def test_overview_reports_counts_queue_workers_and_the_last_hour(up: httpx.Clien
     assert overview["jobs"]["succeeded"] >= 1 and set(overview["jobs"]) >= {"queued", "running", "failed"}
     assert overview["queue_depth"] == 0 and overview["oldest_queued_age_s"] is None
     (worker,) = overview["workers"]
+    (model,) = overview["models"]
+    assert (model["name"], model["kind"], model["queued"], model["queue_depth"]) == (
+        worker["model"],
+        "generate",
+        0,
+        0,
+    )
+    assert model["live_workers"] == 1 and model["tokens_per_s"] > 0
     assert {"num_running", "num_waiting", "kv_cache_usage"} <= set(worker["stats"])
     minutes = overview["last_hour"]
     assert len(minutes) == 60 and minutes[-1]["jobs"] >= 1 and minutes[-1]["tokens_per_s"] > 0

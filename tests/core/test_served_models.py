@@ -1,5 +1,6 @@
 """The deployment's list of models: parsed from inline JSON or a models file, defaults, refusals."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -84,3 +85,17 @@ def test_a_model_is_found_by_its_served_name() -> None:
     assert model_named(settings, "b").source == "y"
     with pytest.raises(ModelsError, match="served: a, b"):
         model_named(settings, "c")
+
+
+def test_the_readmes_models_file_reads_as_written(tmp_path: Path) -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    example = re.search(r"```toml\n(.*?)```", readme[readme.index("## Several models") :], re.S)
+    assert example, "the README's Several models section has no TOML example"
+    path = tmp_path / "models.toml"
+    path.write_text(example.group(1))
+    entries = parse_models(str(path))
+    assert [(e.name, e.kind, e.workers, e.seats) for e in entries] == [
+        ("chat", "generate", 2, None),
+        ("llama-8b", "generate", 1, 64),
+        ("all-minilm-l6-v2", "embed", 1, None),
+    ]

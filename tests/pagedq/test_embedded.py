@@ -1,11 +1,13 @@
 """``pagedq up``: API and worker in one command, on SQLite and a local-disk broker; jobs survive restarts."""
 
+import json
 import signal
 from pathlib import Path
 
 import httpx
 
 from core.settings import Settings
+from pagedq.up import READY
 from tests.support.services import Process, free_port, service_env, wait_for
 
 
@@ -76,3 +78,40 @@ def test_pagedq_up_runs_jobs_on_sqlite_and_they_survive_a_restart(tiny_llama: Pa
         assert final["attempt"] == 2 and final["usage"]["completion_tokens"] == 1000
     finally:
         process.stop()
+
+
+def test_pagedq_up_serves_two_models_each_by_its_own_workers_on_its_own_queue(
+    tiny_llama: Path, tiny_qwen2: Path, tmp_path: Path
+) -> None:
+    models = [
+        {"name": "llama", "source": str(tiny_llama)},
+        {"name": "qwen", "source": str(tiny_qwen2), "seats": 4},
+    ]
+    settings = embedded_settings(tiny_llama, tmp_path).model_copy(update={"models": json.dumps(models)})
+    process, client = start_up(settings, tmp_path / "up.log")
+    try:
+        wait_for(
+            lambda: process.log().count(f"{READY}: API") == 2, 30, "a ready line per model", interval=0.1
+        )
+        body = {"prompt": "hello", "max_tokens": 4, "ignore_eos": True}
+        wait = {"Prefer": "wait=60"}
+        jobs = {
+            m: client.post("/v1/jobs", json=body | {"model": m}, headers=wait).json()
+            for m in ("llama", "qwen")
+        }
+        chat = client.post(
+            "/v1/chat/completions",
+            json={"model": "qwen", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3},
+        )
+        listed = {m["id"]: m["live_workers"] for m in client.get("/v1/models").json()["data"]}
+        log = process.log()
+    finally:
+        process.stop()
+    assert all(job["status"] == "succeeded" for job in jobs.values()), jobs
+    assert chat.status_code == 200 and chat.json()["model"] == "qwen", chat.text
+    assert listed == {"llama": 1, "qwen": 1}
+    # Each model's job ran on a worker of its own: the one that consumes that model's queue.
+    assert jobs["llama"]["worker_id"] != jobs["qwen"]["worker_id"]
+    for model in ("llama", "qwen"):
+        assert f"{READY}: API http://127.0.0.1:{settings.port}, worker " in log
+        assert f", model {model} on cpu" in log
