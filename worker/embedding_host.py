@@ -67,6 +67,6 @@ def facts(embedder: JobEmbedder) -> dict[str, Any]:
         "dtype": str(engine.runner.dtype).removeprefix("torch."),
         "pooling": pooling.mode,
         "normalized": pooling.normalize,
-        "max_seq_length": pooling.max_seq_length,
+        "max_model_len": pooling.max_seq_length,  # the longest input it embeds (pagedq up's "context")
         "dimensions": pooling.hidden_size,
     }
