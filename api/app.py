@@ -12,6 +12,7 @@ from starlette.concurrency import run_in_threadpool
 from api.batches import router as batches
 from api.batches.bulk_publisher import BulkPublisher
 from api.deps import Service, same_origin, storable_url
+from api.embeddings import router as embeddings
 from api.files import router as files
 from api.generate import router as generate
 from api.health import router as health
@@ -83,6 +84,7 @@ def create_app(settings: Settings, locate: Locate = source_dir) -> FastAPI:
     app.include_router(batches.router)
     app.include_router(webhooks.router)
     app.include_router(openai.router)
+    app.include_router(embeddings.router)
     app.include_router(generate.router)
     app.include_router(health.router)
     app.include_router(admin_keys.router)

@@ -1,5 +1,6 @@
 """The served models as the API knows them (``core/served_models.py``'s list): each one's entry and queue,
-and for a generate model its prompt encoder and batch checker, loaded once, on first use, and kept."""
+for a generate model its prompt encoder and batch checker, for an embedding model its embedding encoder
+(api/embeddings/encoder.py), loaded once, on first use, and kept."""
 
 import threading
 from collections.abc import Callable
@@ -8,10 +9,11 @@ from pathlib import Path
 from starlette.concurrency import run_in_threadpool
 
 from api.batches.check import BatchChecker
+from api.embeddings.encoder import EmbeddingEncoder
 from api.http.problems import UnknownModel, WrongKind
 from api.prompts.encoder import PromptEncoder
 from core.queue import queue_name
-from core.served_models import ModelEntry, default_model, served_models
+from core.served_models import ModelEntry, default_model, kind_problem, served_models
 from core.settings import Settings
 
 Locate = Callable[[ModelEntry], Path]  # a model's Hugging Face directory (pagedq/serve.py resolves built-ins)
@@ -30,6 +32,7 @@ class ServedModels:
         self._locate = locate
         self._encoders: dict[str, PromptEncoder] = {}
         self._checkers: dict[str, BatchChecker] = {}
+        self._embedders: dict[str, EmbeddingEncoder] = {}
         self._lock = threading.Lock()
         if self._by_name[self.default_chat].kind == "generate":
             self.encoder(self.default_chat)  # at start: a model that cannot load stops the API at once
@@ -55,6 +58,22 @@ class ServedModels:
                 + ", ".join(e.name for e in self.entries if e.kind == "generate")
             )
         return entry
+
+    def embedding(self, name: str) -> ModelEntry:
+        """``entry(name)``, refused (``WrongKind``) unless it embeds."""
+        entry = self.entry(name)
+        if problem := kind_problem(entry, "embed"):
+            raise WrongKind(problem)
+        return entry
+
+    def embedder(self, name: str) -> EmbeddingEncoder:
+        """The embedding model's encoder: its tokenizer loaded on first use (blocks: call it off the event
+        loop), then kept."""
+        entry = self.embedding(name)
+        with self._lock:
+            if name not in self._embedders:
+                self._embedders[name] = EmbeddingEncoder(self._locate(entry))
+            return self._embedders[name]
 
     def queue(self, name: str) -> str:
         return queue_name(self.entry(name).name)
@@ -87,5 +106,5 @@ class ServedModels:
         with self._lock:
             for checker in self._checkers.values():
                 checker.close()
-            for encoder in self._encoders.values():
+            for encoder in [*self._encoders.values(), *self._embedders.values()]:
                 encoder.close()

@@ -109,8 +109,10 @@ class Job(Base):
     priority: Mapped[int] = mapped_column(default=0)
     prompt: Mapped[str | None] = mapped_column(Text)
     messages: Mapped[list[dict[str, str]] | None] = mapped_column(JSONType)
-    prompt_token_ids: Mapped[list[int]] = mapped_column(JSONType)
-    params: Mapped[dict[str, Any]] = mapped_column(JSONType)  # the engine's SamplingParams
+    # An embedding job's (endpoint /v1/embeddings): one list of ids per input, cut to what is embedded.
+    prompt_token_ids: Mapped[list[int] | list[list[int]]] = mapped_column(JSONType)
+    # The engine's SamplingParams; an embedding job's: EmbeddingParams and the encoding_format.
+    params: Mapped[dict[str, Any]] = mapped_column(JSONType)
     meta: Mapped[dict[str, str]] = mapped_column("metadata", JSONType, default=dict)
     webhook_url: Mapped[str | None] = mapped_column(Text)
     webhook_events: Mapped[list[str] | None] = mapped_column(JSONType)  # None: every job event
@@ -118,7 +120,8 @@ class Job(Base):
     request_hash: Mapped[str | None] = mapped_column(String(64))
 
     # A job that came from a line of a batch file: its batch, the line's custom_id, and its endpoint
-    # (``/v1/chat/completions`` or ``/v1/completions``, which shapes the line's response body).
+    # (``/v1/chat/completions`` or ``/v1/completions``, which shapes the line's response body). An
+    # embedding job's is ``/v1/embeddings``, online or not: it is what makes it one.
     batch_id: Mapped[str | None] = mapped_column(ForeignKey("batches.id"))
     custom_id: Mapped[str | None] = mapped_column(String(512))
     endpoint: Mapped[str | None] = mapped_column(String(64))
@@ -138,6 +141,7 @@ class Job(Base):
     completion_tokens: Mapped[int] = mapped_column(default=0)
     cached_tokens: Mapped[int] = mapped_column(default=0)
     engine_ms: Mapped[float] = mapped_column(default=0.0)  # its share of engine steps (worker/engine)
+    embeddings: Mapped[bytes | None] = mapped_column(LargeBinary)  # an embedding job's: core/embeddings.py
     # The current run's per-token times, appended a chunk per flush; a new run starts with none.
     token_time_chunks: Mapped[list["TokenTimes"]] = relationship(
         primaryjoin="and_(Job.id == foreign(TokenTimes.job_id), Job.attempt == TokenTimes.attempt)",
@@ -184,6 +188,7 @@ FRESH_RESULTS: dict[str, Any] = {
     "completion_tokens": 0,
     "cached_tokens": 0,
     "engine_ms": 0.0,
+    "embeddings": None,
     "started_at": None,
     "first_token_at": None,
 }

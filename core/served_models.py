@@ -104,6 +104,17 @@ def served_models(settings: "Settings") -> list[ModelEntry]:
     return [chat, embed]
 
 
+KIND_USES = {"generate": "chat and completions", "embed": "embeddings (/v1/embeddings)"}
+
+
+def kind_problem(entry: ModelEntry, wanted: Kind) -> str | None:
+    """Why ``entry`` cannot serve a request of kind ``wanted`` (None: it can), naming its kind."""
+    if entry.kind == wanted:
+        return None
+    uses = KIND_USES[entry.kind]
+    return f"model {entry.name!r} is of kind {entry.kind!r}: it serves {uses}, not {KIND_USES[wanted]}"
+
+
 def model_named(settings: "Settings", name: str) -> ModelEntry:
     """The served model called ``name``; a worker's ``--model`` and the API's lookups go through it."""
     for entry in served_models(settings):

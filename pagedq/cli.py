@@ -123,7 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 STATUSES = ["queued", "running", "succeeded", "failed", "cancelled"]
-BATCH_ENDPOINTS = ["/v1/chat/completions", "/v1/completions"]
+BATCH_ENDPOINTS = ["/v1/chat/completions", "/v1/completions", "/v1/embeddings"]
 
 
 def positive(text: str) -> int:

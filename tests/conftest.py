@@ -10,7 +10,7 @@ from core.settings import Settings
 from pagedq import cli
 from tests.support.jobs_client import Database
 from tests.support.services import database_from, migrated_template, redis_url
-from tests.support.tiny_models import make_tiny_model
+from tests.support.tiny_models import make_tiny_bert, make_tiny_model
 
 torch.set_num_threads(max(1, os.cpu_count() or 1))
 
@@ -51,6 +51,12 @@ def tiny_llama3(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_mistral(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_tiny_model(tmp_path_factory.mktemp("tiny-mistral"), "mistral", sliding_window=4096)
+
+
+@pytest.fixture(scope="session")
+def tiny_bert_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random sentence-transformers BERT (mean pooling, normalized, max_seq_length 48)."""
+    return make_tiny_bert(tmp_path_factory.mktemp("tiny-bert-model"))
 
 
 @pytest.fixture(scope="session")

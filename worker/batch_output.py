@@ -1,8 +1,9 @@
 """A batch's output and error files, one line per job in input order, in OpenAI's batch output format.
 
 An output line: ``{"id": "batch_req_…", "custom_id", "response": {"status_code": 200, "request_id",
-"body": <a chat.completion or text_completion>}, "error": null, "timings": {…}}``; ``timings`` is
-pagedq's extension (the job's queue time, time to first token, latency and per-token times, in ms).
+"body": <a chat.completion, text_completion or embeddings list>}, "error": null, "timings": {…}}``;
+``timings`` is pagedq's extension (the job's queue time, time to first token, latency and per-token
+times, in ms).
 An error line: ``{"id", "custom_id", "response": null, "error": {"code", "message"}}``.
 """
 
@@ -13,6 +14,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session, load_only
 
+from core.embeddings import EMBEDDINGS_ENDPOINT, embedding_body
 from core.models import Batch, Job
 from core.openai_format import completion_body
 from core.states import BatchStatus, JobStatus
@@ -36,6 +38,7 @@ COLUMNS = (
     Job.first_token_at,
     Job.finished_at,
 )
+EMBEDDING_COLUMNS = (*COLUMNS, Job.prompt_token_ids, Job.params, Job.embeddings)  # core/embeddings.py's body
 CANCELLED_CODE = {BatchStatus.CANCELLED: "batch_cancelled", BatchStatus.EXPIRED: "batch_expired"}
 
 
@@ -44,7 +47,9 @@ def result_files(session: Session, batch: Batch, ending: BatchStatus) -> tuple[b
     (a batch's job ids count up line by line)."""
     output: list[bytes] = []
     errors: list[bytes] = []
-    for job in _jobs(session, batch.id):
+    for job in _jobs(
+        session, batch.id, EMBEDDING_COLUMNS if batch.endpoint == EMBEDDINGS_ENDPOINT else COLUMNS
+    ):
         if job.status == JobStatus.SUCCEEDED:
             output.append(_line(job, response=_response(job, batch.endpoint), timings=_timings(job)))
         else:
@@ -52,8 +57,8 @@ def result_files(session: Session, batch: Batch, ending: BatchStatus) -> tuple[b
     return b"".join(output), b"".join(errors)
 
 
-def _jobs(session: Session, batch_id: str) -> Iterator[Job]:
-    query = select(Job).options(load_only(*COLUMNS)).where(Job.batch_id == batch_id).order_by(Job.id)
+def _jobs(session: Session, batch_id: str, columns: tuple[Any, ...]) -> Iterator[Job]:
+    query = select(Job).options(load_only(*columns)).where(Job.batch_id == batch_id).order_by(Job.id)
     return iter(session.scalars(query.execution_options(yield_per=2000)))
 
 
@@ -64,8 +69,11 @@ def _line(job: Job, **fields: Any) -> bytes:
 
 
 def _response(job: Job, endpoint: str) -> dict[str, Any]:
-    created = int((job.started_at or job.queued_at).timestamp())
-    return {"status_code": 200, "request_id": job.id, "body": completion_body(job, endpoint, created)}
+    if endpoint == EMBEDDINGS_ENDPOINT:
+        body = embedding_body(job, job.params.get("encoding_format", "float"))
+    else:
+        body = completion_body(job, endpoint, int((job.started_at or job.queued_at).timestamp()))
+    return {"status_code": 200, "request_id": job.id, "body": body}
 
 
 def _timings(job: Job) -> dict[str, Any]:

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any
 
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -22,7 +23,7 @@ from worker.connections import CLAIM_TURNS
 from worker.drain import Drain
 from worker.flights import Flight, Flights
 from worker.health import describe
-from worker.results import JobResult
+from worker.results import EmbeddingResult, JobResult
 from worker.store import JobStore, database_away
 
 logger = logging.getLogger("pagedq.worker")
@@ -44,6 +45,8 @@ class Claimer:
     start: Callable[[Flight], None]  # hands a claimed run to the engine loop
     retry_delay: Callable[[int], float]  # seconds before the next try after this many failed ones
     turns: threading.Semaphore = field(default_factory=lambda: threading.Semaphore(CLAIM_TURNS))
+    # A new run's result, from the job's params and when it was claimed: a generation's, or an embedding's.
+    result_of: Callable[[dict[str, Any], float], JobResult | EmbeddingResult] = JobResult.of
 
     def run(self, job_id: str) -> RunResult:
         flight = self.claim(job_id)
@@ -86,7 +89,7 @@ class Claimer:
                     logger.info("job not queued, skipping", extra={"job_id": job_id})
                     return RunResult.SKIPPED
                 # Running from now: a job says when it started, before a long prefill ends.
-                flight = Flight(job, JobResult.of(job.params, started=time.monotonic()))
+                flight = Flight(job, self.result_of(job.params, time.monotonic()))
                 self.flights.add(flight)
                 return flight
             return RunResult.REFUSED

@@ -147,12 +147,18 @@ class EngineLoop(Generic[E]):
             case AddRun(flight) if flight.final is not None:
                 pass  # claimed while a step failed, and failed with it: it ends once, out of the engine
             case AddRun(flight):
-                job = flight.job
                 try:
-                    params = SamplingParams(**job.params)
-                    self.engine.add_request(flight.request_id, job.prompt_token_ids, params, job.priority)
+                    self._add_request(flight)
                 except (ValueError, TypeError) as error:
                     self.flights.end(flight, JobStatus.FAILED, error=f"rejected by the engine: {error}")
+
+    # What differs by the kind of engine (worker/embedding_host.py's loop overrides these three).
+
+    def _add_request(self, flight: Flight) -> None:
+        """Hand a claimed run to the engine; raises ValueError or TypeError for one it refuses."""
+        job = flight.job
+        params = SamplingParams(**job.params)
+        self.engine.add_request(flight.request_id, job.prompt_token_ids, params, job.priority)
 
     def _record(self, output: RequestOutput) -> None:
         flight = self.flights.held(output.request_id.rpartition("#")[0])

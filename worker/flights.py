@@ -11,8 +11,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from core.states import JobStatus
+from worker.embedding_jobs import JobEmbedding
 from worker.engine import RequestOutput
-from worker.results import Clock, JobResult, TokenText
+from worker.results import Clock, EmbeddingResult, JobResult, TokenText
 from worker.store import ClaimedJob, Progress
 
 
@@ -21,7 +22,7 @@ class Flight:
     """A job in the engine: what it produced so far, and how its run ends."""
 
     job: ClaimedJob
-    result: JobResult
+    result: JobResult | EmbeddingResult  # what a generation run produced, or an embedding run
     done: threading.Event = field(default_factory=threading.Event)
     final: JobStatus | None = None
     finish_reason: str | None = None
@@ -82,7 +83,7 @@ class Flights:
 
     # --- a run's state (the engine loop) ---
 
-    def fold(self, flight: Flight, output: RequestOutput, token_text: TokenText) -> None:
+    def fold(self, flight: Flight, output: RequestOutput | JobEmbedding, token_text: TokenText) -> None:
         with self._lock:
             flight.result.fold(output, token_text)
             flight.dirty = True

@@ -8,21 +8,35 @@ slow write never stalls a decode step. They share what the worker holds through 
 heartbeat (worker/heartbeat.py) beats on a thread and a connection of its own.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from worker.claimer import Claimer, RunResult
 from worker.connectivity import Connectivity
-from worker.engine import LLMEngine
 from worker.engine_loop import EngineLoop
+from worker.flights import Flights
 from worker.flusher import Flusher
 from worker.health import WorkerHealth
 from worker.heartbeat import Heartbeat
+from worker.results import EmbeddingResult, JobResult
+from worker.streamer import TokenStreamer
+
+
+@dataclass(frozen=True)
+class EngineKind:
+    """What differs between a generation worker and an embedding worker (worker/embedding_host.py)."""
+
+    make_loop: Callable[[Flights, TokenStreamer | None], EngineLoop[Any]]
+    result_of: Callable[[dict[str, Any], float], JobResult | EmbeddingResult]  # a claimed run's result
+    facts: Callable[[Any], dict[str, Any]]  # the engine's, for the ready line
+    streams: bool = True  # whether runs' text goes to Redis streams
 
 
 @dataclass
 class EngineHost:
     claimer: Claimer
-    loop: EngineLoop[LLMEngine]
+    loop: EngineLoop[Any]  # of an LLMEngine, or of an embedding engine (worker/embedding_host.py)
     flusher: Flusher
     heartbeat: Heartbeat
     health: WorkerHealth

@@ -10,6 +10,7 @@ import os
 import signal
 import socket
 import threading
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -20,7 +21,7 @@ from celery.signals import worker_ready, worker_shutting_down
 from contract.engine import EngineConfig
 from core.purge import Purger
 from core.queue import PROBE_QUEUE_TASK, RUN_JOB_TASK, make_celery, publish_job, publish_probe, queue_name
-from core.served_models import ModelEntry, ModelsError, default_model, model_named
+from core.served_models import ModelEntry, default_model, model_named
 from core.settings import Settings
 from core.streams import stream_dropper, streams_url
 from core.webhooks import Outbox
@@ -29,15 +30,17 @@ from worker.claimer import Claimer, RunResult
 from worker.connections import WorkerConnections
 from worker.connectivity import Connectivity
 from worker.drain import Drain
+from worker.embedding_host import embedding
 from worker.engine import LLMEngine
 from worker.engine_loop import EngineLoop
 from worker.flights import Flights
 from worker.flusher import Flusher, Publish
 from worker.health import WorkerHealth
 from worker.heartbeat import Heartbeat
-from worker.host import EngineHost
+from worker.host import EngineHost, EngineKind
 from worker.os_threads import name_this_thread, set_bookkeeping_nice
 from worker.reconciler import Reconciler
+from worker.results import JobResult
 from worker.store import JobStore
 from worker.streamer import TokenStreamer
 
@@ -87,27 +90,25 @@ def run_worker(settings: Settings, ready_fd: int | None = None, model: str | Non
     model); once it consumes, says so in a log record and, with ``ready_fd`` (``pagedq up``), as one JSON
     line on that file descriptor. Raises ``ModelsError`` for a model that is not served here."""
     entry = served_entry(settings, model)
-    if entry.kind == "embed":
-        run_embedding_worker(settings, entry, ready_fd)
-        return
-    run_generate_worker(settings, entry, ready_fd)
+    serve(settings, entry, embedding if entry.kind == "embed" else generation, ready_fd)
 
 
-def run_embedding_worker(settings: Settings, entry: ModelEntry, ready_fd: int | None) -> None:
-    try:
-        from worker.embedding_host import run_embedding_worker as run
-    except ImportError:
-        raise ModelsError(
-            f"model {entry.name!r} is of kind 'embed', and this build has no embedding worker "
-            "(worker/embedding_host.py)"
-        ) from None
-    run(settings, entry, ready_fd)
+def generation(engine_config: EngineConfig) -> EngineKind:
+    """A worker of a chat model: an ``LLMEngine`` of ``engine_config``."""
+    build = lambda: LLMEngine(engine_config)  # noqa: E731
+    return EngineKind(
+        lambda flights, streamer: EngineLoop(build, flights, streamer), JobResult.of, engine_facts
+    )
 
 
-def run_generate_worker(settings: Settings, entry: ModelEntry, ready_fd: int | None) -> None:
+def serve(
+    settings: Settings, entry: ModelEntry, kind_of: Callable[[EngineConfig], EngineKind], ready_fd: int | None
+) -> None:
+    """Serves the queue of the model ``entry`` with an engine of its kind until a signal (``run_worker``)."""
     worker_id = f"{socket.gethostname()}:{os.getpid()}"
     set_bookkeeping_nice(settings.bookkeeping_nice)
     engine_config = entry.engine_config(settings.engine_config())
+    kind = kind_of(engine_config)
     queue = queue_name(entry.name)
     app = make_celery(settings)
 
@@ -118,12 +119,21 @@ def run_generate_worker(settings: Settings, entry: ModelEntry, ready_fd: int | N
     connections = WorkerConnections.connect(settings)
     fair_aging = settings.fair_aging_seconds if settings.fair_share else None
     store = JobStore(connections.job_sessions, entry.name, outbox, settings.max_attempts, fair_aging)
-    url = streams_url(settings)
+    url = streams_url(settings) if kind.streams else None
     streamer = TokenStreamer(url) if url else None
     health = WorkerHealth(settings.resolved_worker_status_file, settings.heartbeat_period, worker_id)
     heartbeats = JobStore(connections.heartbeat_sessions, entry.name)
     host = engine_host(
-        settings, engine_config, store, heartbeats, publish, worker_id, health, streamer, connections.turns
+        settings,
+        engine_config,
+        store,
+        heartbeats,
+        publish,
+        worker_id,
+        health,
+        streamer,
+        connections.turns,
+        kind,
     )
     register_run_job(app, host)
     reconciler = Reconciler(
@@ -139,7 +149,7 @@ def run_generate_worker(settings: Settings, entry: ModelEntry, ready_fd: int | N
     )
     register_probe_queue(app, reconciler, connections.turns)
     facts = {"worker_id": worker_id, "model": entry.name, "kind": entry.kind, "queue": queue}
-    handle_signals(host, settings, facts, ready_fd)
+    handle_signals(host, settings, facts, ready_fd, kind.facts)
     host.start()
     stop_reconciling = threading.Event()
     threading.Thread(
@@ -166,12 +176,14 @@ def engine_host(
     health: WorkerHealth,
     streamer: TokenStreamer | None,
     turns: threading.Semaphore,
+    kind: EngineKind | None = None,
 ) -> EngineHost:
     """The claimer, the engine loop and the flusher around one registry, and the heartbeat
-    (worker/host.py), for an engine of ``engine_config``; ``heartbeats`` is a store on the heartbeat's
-    own engine (worker/connections.py)."""
+    (worker/host.py), for an engine of ``engine_config`` of ``kind`` (default: generation);
+    ``heartbeats`` is a store on the heartbeat's own engine (worker/connections.py)."""
+    kind = kind or generation(engine_config)
     flights, connectivity = Flights(), Connectivity()
-    loop = EngineLoop(lambda: LLMEngine(engine_config), flights, streamer)
+    loop = kind.make_loop(flights, streamer)
     # Past the drain deadline, failed writes are retried until other workers would take over our jobs.
     drain = Drain(write_grace=settings.heartbeat_timeout)
     flusher = Flusher(
@@ -188,11 +200,17 @@ def engine_host(
     )
     period = settings.heartbeat_period
     heartbeat = Heartbeat(heartbeats, worker_id, period, loop.stats, flusher.writes_work, connectivity)
-    claimer = Claimer(flights, store, worker_id, drain, loop.add, flusher.backoff, turns)
+    claimer = Claimer(flights, store, worker_id, drain, loop.add, flusher.backoff, turns, kind.result_of)
     return EngineHost(claimer, loop, flusher, heartbeat, health)
 
 
-def handle_signals(host: EngineHost, settings: Settings, facts: dict[str, Any], ready_fd: int | None) -> None:
+def handle_signals(
+    host: EngineHost,
+    settings: Settings,
+    facts: dict[str, Any],
+    ready_fd: int | None,
+    engine_facts: Callable[[Any], dict[str, Any]] = engine_facts,
+) -> None:
     now, interrupted = threading.Event(), threading.Event()
 
     def drain(**_: object) -> None:  # Celery's warm shutdown: SIGTERM, or our first Ctrl-C

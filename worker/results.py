@@ -13,9 +13,11 @@ from typing import Any
 
 from contract.token_times import token_times_ms
 from core.choices import Choice, TokenLogprob
+from core.embeddings import pack
 from core.models import storable
 from core.states import JobStatus
 from core.timings import ms
+from worker.embedding_jobs import JobEmbedding
 from worker.engine.outputs import CompletionOutput, RequestOutput
 from worker.store import Progress
 
@@ -115,3 +117,48 @@ class JobResult:
         """The store committed ``progress``: later snapshots start after its text and token times."""
         self.times_written = max(self.times_written, progress.token_times_from + len(progress.token_times_ms))
         self.text_written = max(self.text_written, progress.text_from + len(progress.output_text))
+
+
+@dataclass
+class EmbeddingResult:
+    """What an embedding run produced: nothing until its inputs' steps ran, then its vectors (written with
+    its result, once; no per-token rows). Its "first token" is when its vectors were ready."""
+
+    started: float | None = None  # monotonic: when claimed
+    embedded: float | None = None
+    vectors: bytes | None = None
+    engine_ms: float = 0.0
+
+    @classmethod
+    def of(cls, params: dict[str, Any], started: float | None = None) -> "EmbeddingResult":
+        return cls(started=started)
+
+    def fold(self, output: JobEmbedding, token_text: TokenText) -> None:
+        self.vectors = pack(output.vectors) if output.error is None else None
+        self.embedded = output.finished_time
+        self.engine_ms = ms(output.engine_time * 1000)
+
+    def progress(
+        self,
+        job_id: str,
+        attempt: int,
+        clock: Clock,
+        status: JobStatus | None = None,
+        finish_reason: str | None = None,
+        error: str | None = None,
+    ) -> Progress:
+        succeeded = status == JobStatus.SUCCEEDED
+        return Progress(
+            job_id=job_id,
+            attempt=attempt,
+            engine_ms=self.engine_ms,
+            started_at=clock.wall(self.started),
+            first_token_at=clock.wall(self.embedded),
+            status=status,
+            finish_reason=finish_reason,
+            error=error,
+            embeddings=self.vectors if succeeded else None,
+        )
+
+    def written(self, progress: Progress) -> None:
+        """Nothing grows while it runs: there is nothing to count."""

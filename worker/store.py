@@ -73,6 +73,7 @@ class Progress:
     status: JobStatus | None = None
     finish_reason: str | None = None
     error: str | None = None
+    embeddings: bytes | None = None  # an embedding job's vectors (core/embeddings.py), with its result
 
     def columns(self) -> dict[str, Any]:
         values = {
@@ -91,6 +92,8 @@ class Progress:
                 "error": self.error,
                 "finished_at": utcnow(),
             }
+        if self.embeddings is not None:
+            values["embeddings"] = self.embeddings
         return values
 
     def text(self) -> dict[str, Any]:

@@ -31,7 +31,7 @@ class CheckedLine(NamedTuple):
     custom_id: str
     prompt: str | None
     messages: list[dict[str, str]] | None
-    prompt_token_ids: list[int]
+    prompt_token_ids: list[int] | list[list[int]]  # an embedding line's: one list per input
     params: dict[str, Any]
     meta: dict[str, str]
 
@@ -85,10 +85,10 @@ class BatchChecker:
             for start in range(0, len(raw_lines), SLICE_LINES)
         )
         if self._pool is None:
-            yield from _unique(check_slice(self.encoder, task) for task in slices)
+            yield from unique(check_slice(self.encoder, task) for task in slices)
             return
         try:
-            yield from _unique(self._pool.map(_check_slice_here, slices))
+            yield from unique(self._pool.map(_check_slice_here, slices))
         except BrokenProcessPool:
             logger.error("a batch-checking process died; starting a new pool")
             self._pool = _start_pool(*self._pool_args)
@@ -111,7 +111,7 @@ def _start_pool(processes: int, model_dir: Path, engine: EngineConfig) -> Proces
     return pool
 
 
-def _unique(results: Iterable[tuple[list[CheckedLine], list[LineError]]]) -> Iterator[CheckedLine]:
+def unique(results: Iterable[tuple[list[CheckedLine], list[LineError]]]) -> Iterator[CheckedLine]:
     """The slices' good lines while no line is bad, each custom_id once; then ``BadLines`` if any was."""
     first_use: dict[str, int] = {}
     errors: list[LineError] = []

@@ -15,8 +15,10 @@ from pydantic_core import ErrorDetails, from_json
 
 from core.spec import JobSpec, escaped, storable
 
-Endpoint = Literal["/v1/chat/completions", "/v1/completions"]
-CHAT, COMPLETIONS = get_args(Endpoint)
+Endpoint = Literal["/v1/chat/completions", "/v1/completions", "/v1/embeddings"]
+CHAT, COMPLETIONS, EMBEDDINGS = get_args(
+    Endpoint
+)  # an embeddings file's lines: api/batches/embedding_lines.py
 INPUT = {CHAT: "messages", COMPLETIONS: "prompt"}
 MAX_CUSTOM_ID = 512
 # OpenAI parameters pagedq cannot honour, accepted only at a value that asks for nothing.
@@ -107,7 +109,7 @@ def read_lines(
 
 def _line(number: int, raw: bytes, endpoint: str, model: BatchModel) -> Line:
     try:
-        request = _envelope(_json_object(raw), endpoint)
+        request = envelope(raw, endpoint)
         spec, fills_context = to_spec(request["body"], endpoint, model)
     except LineError as error:
         error.line = number
@@ -148,6 +150,11 @@ def _loads_or_explain(raw: bytes) -> Any:
     except RecursionError:  # UTF-16 or a surrogate sent it here, past from_json's own depth limit
         raise _error("invalid_json_line", "not valid JSON: nested too deeply") from None
     return value
+
+
+def envelope(raw: bytes, endpoint: str) -> dict[str, Any]:
+    """A line's request (``custom_id``, ``method``, ``url``, ``body``), checked; raises ``LineError``."""
+    return _envelope(_json_object(raw), endpoint)
 
 
 def _envelope(request: dict[str, Any], endpoint: str) -> dict[str, Any]:

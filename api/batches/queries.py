@@ -18,7 +18,8 @@ from sqlalchemy.orm import Session
 
 from api.batches.bulk_insert import insert_jobs
 from api.batches.check import BadLines, CheckedLine
-from api.batches.lines import BatchModel, LineError, first_model
+from api.batches.embedding_lines import check_embedding_lines
+from api.batches.lines import EMBEDDINGS, BatchModel, LineError, first_model
 from api.batches.schemas import BatchIn, BatchOut
 from api.deps import Service
 from api.files.queries import find as find_file
@@ -45,14 +46,10 @@ def create(service: Service, caller: Caller, request: BatchIn) -> BatchOut:
     content = _input_file(service, caller, request.input_file_id)
     if request.webhook_url is not None:
         check_webhook_url(service, str(request.webhook_url))
-    named = first_model(content)  # a batch runs one model; a line naming an unserved one is a bad line
-    model = service.models.generating(named if named in service.models.names else None).name
-    batch = _new_batch(service, request, model)
+    batch = _new_batch(service, request)
     batch.key_id = caller.key_id
-    batch_model = BatchModel(model, tuple(service.models.names))
-    lines = service.models.checker(model).check(content, request.endpoint, batch_model)
     try:
-        _start(service, caller, batch, lines)
+        _start(service, caller, batch, _lines(service, batch, content))
     except BadLines as bad:
         _fail(service, batch, bad.errors)
     except BrokenProcessPool:
@@ -70,6 +67,20 @@ def create(service: Service, caller: Caller, request: BatchIn) -> BatchOut:
     return get(service, caller, batch.id)
 
 
+def _lines(service: Service, batch: Batch, content: bytes) -> Iterable[CheckedLine]:
+    """The file's lines, checked as they are taken (``BadLines`` if any is bad; an embeddings file's, all
+    at once), and the batch's one model set: its first line's (an embeddings file's must name one)."""
+    if batch.endpoint == EMBEDDINGS:
+        batch.model, lines = check_embedding_lines(service.models, content)
+        return lines
+    named = first_model(content)  # a batch runs one model; a line naming an unserved one is a bad line
+    model = service.models.generating(named if named in service.models.names else None).name
+    batch.model = model
+    return service.models.checker(model).check(
+        content, batch.endpoint, BatchModel(model, tuple(service.models.names))
+    )
+
+
 def _input_file(service: Service, caller: Caller, file_id: str) -> bytes:
     with service.sessions() as session:
         row = find_file(session, caller, file_id, with_content=True)
@@ -81,12 +92,11 @@ def _input_file(service: Service, caller: Caller, file_id: str) -> bytes:
     return row.content
 
 
-def _new_batch(service: Service, request: BatchIn, model: str) -> Batch:
+def _new_batch(service: Service, request: BatchIn) -> Batch:
     now = utcnow()
     return Batch(
         id=new_batch_id(),
         endpoint=request.endpoint,
-        model=model,
         input_file_id=request.input_file_id,
         completion_window=request.completion_window,
         meta=request.metadata,
@@ -153,20 +163,32 @@ def _job_rows(
     the key's size limits refuses the batch (422; the transaction rolls back)."""
     for line in lines:
         if caller.limits is not None:
-            params, tokens = line.params, len(line.prompt_token_ids)
+            params, tokens = line.params, _longest(line.prompt_token_ids)
             n = max(params.get("n", 1), params.get("best_of") or 0)
-            check_sizes(caller.limits, tokens, params["max_tokens"], n, ("body", f"line {line.number}"))
+            check_sizes(
+                caller.limits, tokens, params.get("max_tokens", 0), n, ("body", f"line {line.number}")
+            )
         ids.append(job_id := f"{prefix}{line.number:012x}")
         yield {
             "id": job_id,
             "prompt": line.prompt,
             "messages": line.messages,
             "prompt_token_ids": line.prompt_token_ids,
-            "prompt_tokens": len(line.prompt_token_ids),
+            "prompt_tokens": _tokens(line.prompt_token_ids),
             "params": line.params,
             "meta": line.meta,
             "custom_id": line.custom_id,
         }
+
+
+def _tokens(token_ids: list[int] | list[list[int]]) -> int:
+    """A prompt's tokens, or all an embedding line's inputs' tokens."""
+    return sum(map(len, token_ids)) if token_ids and isinstance(token_ids[0], list) else len(token_ids)  # type: ignore[arg-type]
+
+
+def _longest(token_ids: list[int] | list[list[int]]) -> int:
+    """A prompt's tokens, or an embedding line's longest input's: what a key's max_prompt_tokens limits."""
+    return max(map(len, token_ids)) if token_ids and isinstance(token_ids[0], list) else len(token_ids)  # type: ignore[arg-type]
 
 
 def find(session: Session, caller: Caller, batch_id: str) -> Batch:

@@ -61,7 +61,7 @@ async def submit(
     job.key_id = caller.key_id
     if caller.limits is not None:
         check_sizes(caller.limits, len(token_ids), spec.max_tokens, max(spec.n, spec.best_of or 0), ("body",))
-        await run_in_threadpool(_admit, service, caller, len(token_ids) + spec.max_tokens)
+        await run_in_threadpool(admit_tokens, service, caller, len(token_ids) + spec.max_tokens)
     if job.webhook_url is not None:
         await run_in_threadpool(check_webhook_url, service, job.webhook_url)  # it may resolve a host name
     if idempotency_key is None:
@@ -70,7 +70,7 @@ async def submit(
     return await run_in_threadpool(_submit_once, service, job, caller, idempotency_key)
 
 
-def _admit(service: Service, caller: Caller, tokens: int) -> None:
+def admit_tokens(service: Service, caller: Caller, tokens: int) -> None:
     """Room for one more active job of the caller's key at first look (the write counts again, exactly),
     then its tokens charged (429 if not)."""
     with service.sessions() as session:

@@ -318,7 +318,7 @@ def test_batch_requests_are_refused_with_clear_errors(client):
     with pytest.raises(openai.UnprocessableEntityError, match="completion_window"):
         client.batches.create(input_file_id=file_id, endpoint=CHAT, completion_window="1d")
     with pytest.raises(openai.UnprocessableEntityError, match="endpoint"):
-        client.batches.create(input_file_id=file_id, endpoint="/v1/embeddings", completion_window="24h")
+        client.batches.create(input_file_id=file_id, endpoint="/v1/responses", completion_window="24h")
     with pytest.raises(openai.NotFoundError, match="file-nope"):
         client.batches.create(input_file_id="file-nope", endpoint=CHAT, completion_window="24h")
     with pytest.raises(openai.NotFoundError, match="batch_nope"):

@@ -343,9 +343,7 @@ def test_auth_is_required_beyond_loopback_and_a_first_start_needs_an_admin_key(
     with pytest.raises(keys.NoAdminKey, match="43"):
         create_app(exposed.model_copy(update={"admin_key": "pq_short"}))
     bootstrap = keys.new_key()
-    with TestClient(
-        create_app(exposed.model_copy(update={"admin_key": bootstrap}))
-    ) as c:
+    with TestClient(create_app(exposed.model_copy(update={"admin_key": bootstrap}))) as c:
         assert c.get("/v1/jobs").status_code == 401
         assert c.get("/metrics", headers=bearer(bootstrap)).status_code == 200
         assert c.get("/healthz").status_code == 200

@@ -33,6 +33,7 @@ def service(
             database_url=url,
             broker_url=redis_url(),
             model=str(model),
+            embed_model="",  # the tiny chat model alone: /readyz waits for a worker of each model
             data_dir=tmp,
             port=free_port(),
             device="cpu",

@@ -6,8 +6,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from contract.pooling_files import read_pooling
 from tests.support.tiny_models import write_sentence_transformers_files
-from worker.engine.pooling import finish, pool, read_pooling
+from worker.engine.pooling import finish, pool
 
 pytestmark = pytest.mark.fast
 

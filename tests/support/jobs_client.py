@@ -76,9 +76,12 @@ class Database:
         self.engine.dispose()
 
 
-def start_worker(settings: Settings, db: Database, log: Path, timeout: float = 120) -> Process:
-    """A real ``pagedq worker`` process; returns once it has registered itself."""
-    worker = Process(["worker"], service_env(settings), log)
+def start_worker(
+    settings: Settings, db: Database, log: Path, timeout: float = 120, model: str | None = None
+) -> Process:
+    """A real ``pagedq worker`` process (of the served ``model``: ``--model``); returns once it has
+    registered itself."""
+    worker = Process(["worker", *(["--model", model] if model else [])], service_env(settings), log)
     try:
         wait_for(lambda: db.worker_stats(worker.popen.pid) is not None, timeout, "the worker to register")
     except AssertionError:

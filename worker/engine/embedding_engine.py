@@ -17,16 +17,15 @@ import torch
 from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerBase
 
 from contract.engine import EMBED_MAX_NUM_BATCHED_TOKENS, EngineConfig
-from contract.pooling import EmbeddingParams, PoolingMode, token_limit
+from contract.pooling import EmbeddingParams, token_limit
+from contract.pooling_files import ENCODERS, default_mode, read_pooling
 from worker.engine.default_model import resolve_model
 from worker.engine.embedding_runner import make_runner
 from worker.engine.model.model_config import ModelConfig
 from worker.engine.outputs import EmbeddingOutput, RequestMetrics
-from worker.engine.pooling import finish, pool, read_pooling
+from worker.engine.pooling import finish, pool
 
 logger = logging.getLogger("pagedq.engine")
-
-ENCODERS = {"bert"}
 
 
 @dataclass(order=True)
@@ -53,8 +52,7 @@ class EmbeddingEngine:
         hf_config = AutoConfig.from_pretrained(path)
         encoder = hf_config.model_type in ENCODERS
         model_config = ModelConfig(hf_config, path) if encoder else ModelConfig.from_pretrained(path)
-        default_mode: PoolingMode = "cls" if encoder else "last"
-        self.pooling = read_pooling(path, hf_config.to_dict(), default_mode)
+        self.pooling = read_pooling(path, hf_config.to_dict(), default_mode(hf_config.model_type))
         self.tokenizer: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(path)
         self.vocab_size = hf_config.vocab_size
         self.runner = make_runner(config, model_config)

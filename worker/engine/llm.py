@@ -92,7 +92,9 @@ class LLM:
     ) -> list[str]:
         """Queues every input, or none: one refused input leaves nothing behind."""
         texts = [i for i, prompt in enumerate(inputs) if isinstance(prompt, str)]
-        encoded = dict(zip(texts, engine.encode([inputs[i] for i in texts], params), strict=True))  # type: ignore[misc]
+        encoded = (
+            dict(zip(texts, engine.encode([inputs[i] for i in texts], params), strict=True)) if texts else {}
+        )  # type: ignore[misc]
         token_ids = [encoded.get(i, prompt) for i, prompt in enumerate(inputs)]
         request_ids = [str(next(self._ids)) for _ in inputs]
         # Longest first: a step then holds inputs of near-equal lengths, which share attention calls. An
