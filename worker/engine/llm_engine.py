@@ -11,12 +11,11 @@ from transformers import AutoTokenizer, GenerationConfig, PreTrainedTokenizerBas
 
 from contract.context import context_problem, max_model_len, step_problem
 from contract.engine import EngineConfig
-from contract.sampling import SamplingParams
+from contract.sampling import SamplingParams, new_seed
 from worker.engine.beam_search import BeamSearcher
 from worker.engine.block_manager import BlockManager
 from worker.engine.default_model import resolve_model
 from worker.engine.detokenizer import IncrementalDetokenizer
-from worker.engine.draws import new_seed
 from worker.engine.grammar import Grammars
 from worker.engine.model.model_config import ModelConfig
 from worker.engine.model_runner import ModelRunner
