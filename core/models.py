@@ -138,6 +138,13 @@ class Job(Base):
     completion_tokens: Mapped[int] = mapped_column(default=0)
     cached_tokens: Mapped[int] = mapped_column(default=0)
     engine_ms: Mapped[float] = mapped_column(default=0.0)  # its share of engine steps (worker/engine)
+    # Reproducibility (GET /v1/jobs/{id}/manifest): each choice's output token ids, with the final result;
+    # what served it (worker/engine's ``EngineIdentity``: digests, version, dtype, kernels); each run as
+    # {"attempt", "resumed_from_token"} (0: started from scratch); the job this one replays.
+    output_token_ids: Mapped[list[list[int]] | None] = mapped_column(JSONType)
+    served_by: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
+    runs: Mapped[list[dict[str, int]] | None] = mapped_column(JSONType)
+    replay_of: Mapped[str | None] = mapped_column(String(40))
     # The current run's per-token times, appended a chunk per flush; a new run starts with none.
     token_time_chunks: Mapped[list["TokenTimes"]] = relationship(
         primaryjoin="and_(Job.id == foreign(TokenTimes.job_id), Job.attempt == TokenTimes.attempt)",
@@ -184,6 +191,7 @@ FRESH_RESULTS: dict[str, Any] = {
     "completion_tokens": 0,
     "cached_tokens": 0,
     "engine_ms": 0.0,
+    "output_token_ids": None,
     "started_at": None,
     "first_token_at": None,
 }
@@ -191,7 +199,9 @@ FRESH_RESULTS: dict[str, Any] = {
 
 class TokenTimes(Base):
     """A chunk of a run's per-token times (ms since started_at), from the token at index ``first``:
-    each flush appends one, so writing them costs what is new, never what was written before."""
+    each flush appends one, so writing them costs what is new, never what was written before. Beside
+    them, the first choice's token ids at the same indexes (None for beam search, whose tokens come at the
+    end): a crashed run resumes from them."""
 
     __tablename__ = "job_token_times"
 
@@ -199,6 +209,7 @@ class TokenTimes(Base):
     attempt: Mapped[int] = mapped_column(primary_key=True)
     first: Mapped[int] = mapped_column(primary_key=True)
     times_ms: Mapped[list[float]] = mapped_column(JSONType)
+    token_ids: Mapped[list[int] | None] = mapped_column(JSONType)
 
 
 class Worker(Base):
