@@ -18,7 +18,9 @@ SCHEMA = {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum":
 CASES = {
     "greedy": SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True),
     "seeded": SamplingParams(temperature=1.0, top_p=0.9, max_tokens=24, ignore_eos=True, seed=11),
-    "penalised": SamplingParams(temperature=0.8, frequency_penalty=1.0, max_tokens=24, ignore_eos=True, seed=5),
+    "penalised": SamplingParams(
+        temperature=0.8, frequency_penalty=1.0, max_tokens=24, ignore_eos=True, seed=5
+    ),
     "grammar": SamplingParams(
         temperature=1.0, seed=3, max_tokens=60, structured=StructuredOutput(json=SCHEMA | {"maxItems": 14})
     ),
@@ -33,7 +35,9 @@ def engine(tiny_llama: Path) -> LLMEngine:
 def run(engine: LLMEngine, name: str, params: SamplingParams, continue_from: list[int] | None = None):
     engine.add_request(name, PROMPT, params, continue_from=continue_from)
     for i in range(3):  # others share its steps: invariance makes that irrelevant
-        engine.add_request(f"{name}-other{i}", PROMPT[: 9 + 7 * i], SamplingParams(temperature=0.0, max_tokens=6))
+        engine.add_request(
+            f"{name}-other{i}", PROMPT[: 9 + 7 * i], SamplingParams(temperature=0.0, max_tokens=6)
+        )
     return drain(engine)[name]
 
 
