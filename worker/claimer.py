@@ -86,7 +86,7 @@ class Claimer:
                     logger.info("job not queued, skipping", extra={"job_id": job_id})
                     return RunResult.SKIPPED
                 # Running from now: a job says when it started, before a long prefill ends.
-                flight = Flight(job, JobResult.of(job.params, started=time.monotonic()))
+                flight = Flight(job, JobResult.of(job.params, started=time.monotonic(), resume=job.resume))
                 self.flights.add(flight)
                 return flight
             return RunResult.REFUSED

@@ -42,8 +42,16 @@ class Engine(Protocol):
 
     @property
     def tokenizer(self) -> Decoder: ...
-    def add_request(self, request_id: str, prompt: list[int], params: SamplingParams, priority: int) -> None:
-        """Raises ValueError when the request can never be served."""
+    def add_request(
+        self,
+        request_id: str,
+        prompt: list[int],
+        params: SamplingParams,
+        priority: int,
+        continue_from: list[int] | None = None,
+    ) -> None:
+        """Raises ValueError when the request can never be served; ``continue_from``: an earlier run's
+        output tokens, which it goes on from."""
 
     def abort(self, request_id: str) -> bool: ...
     def has_unfinished_requests(self) -> bool: ...
@@ -136,11 +144,19 @@ class EngineLoop(Generic[E]):
                 pass  # claimed while a step failed, and failed with it: it ends once, out of the engine
             case AddRun(flight):
                 job = flight.job
+                resumed = job.resume.token_ids if job.resume else None
                 try:
                     params = SamplingParams(**job.params)
-                    self.engine.add_request(flight.request_id, job.prompt_token_ids, params, job.priority)
+                    self.engine.add_request(
+                        flight.request_id, job.prompt_token_ids, params, job.priority, continue_from=resumed
+                    )
                 except (ValueError, TypeError) as error:
                     self.flights.end(flight, JobStatus.FAILED, error=f"rejected by the engine: {error}")
+                    return
+                if (
+                    job.resume and self.streamer is not None and not job.in_batch
+                ):  # readers skip what they have
+                    self.streamer.put(job.id, job.attempt, job.resume.text, False, resumed=True)
 
     def _record(self, output: RequestOutput) -> None:
         flight = self.flights.held(output.request_id.rpartition("#")[0])

@@ -20,6 +20,7 @@ class Piece:
     attempt: int
     text: str
     finished: bool
+    resumed: bool = False  # the first piece of a run that goes on from an earlier one: the text so far
 
 
 class TokenStreamer:
@@ -30,9 +31,9 @@ class TokenStreamer:
         self._thread = threading.Thread(target=self._run, name="pagedq-streamer", daemon=True)
         self._thread.start()
 
-    def put(self, job_id: str, attempt: int, text: str, finished: bool) -> None:
-        if text or finished:
-            self._pieces.put(Piece(job_id, attempt, text, finished))
+    def put(self, job_id: str, attempt: int, text: str, finished: bool, resumed: bool = False) -> None:
+        if text or finished or resumed:
+            self._pieces.put(Piece(job_id, attempt, text, finished, resumed))
 
     def close(self) -> None:
         self._pieces.put(None)
@@ -53,7 +54,7 @@ class TokenStreamer:
         for piece in batch:
             run = (piece.job_id, piece.attempt)
             key, seq = stream_key(piece.job_id), self._seqs.get(run, 0) + 1
-            entry = StreamEntry(piece.attempt, seq, storable(piece.text), piece.finished)
+            entry = StreamEntry(piece.attempt, seq, storable(piece.text), piece.finished, piece.resumed)
             # An explicit id: a stale run's entries, older than the stream's newest, are refused.
             pipe.xadd(key, entry.fields(), id=entry.entry_id)
             pipe.publish(channel_key(piece.job_id), entry.message())

@@ -64,6 +64,11 @@ class ChoiceOut(BaseModel):
         ]
 
 
+class RunOut(BaseModel):
+    attempt: int
+    resumed_from_token: int = Field(description="output tokens of the earlier run it went on from; 0: none")
+
+
 class JobOut(BaseModel):
     """A job as the API reports it; ``output`` grows while it runs (flushed about once a second)."""
 
@@ -84,6 +89,10 @@ class JobOut(BaseModel):
     error: str | None
     cancel_requested: bool
     attempt: int = Field(description="how many times a worker has claimed it")
+    runs: list[RunOut] = Field(
+        description="each claim: its attempt and resumed_from_token, how many output tokens of the run "
+        "before it went on from (0: it started from scratch)"
+    )
     worker_id: str | None = Field(description="the worker that claimed it last")
     usage: Usage
     timings: Timings
@@ -116,6 +125,7 @@ class JobOut(BaseModel):
             error=job.error,
             cancel_requested=job.cancel_requested,
             attempt=job.attempt,
+            runs=[RunOut(**run) for run in job.runs or []],
             worker_id=job.worker_id,
             usage=Usage(
                 prompt_tokens=job.prompt_tokens,

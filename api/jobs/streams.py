@@ -1,7 +1,8 @@
 """``GET /v1/jobs/{id}/events``: a job's text as it is produced, then the finished job.
 
 Events: ``delta`` ``{"text"}`` for each new piece (first everything produced so far), ``restart``
-``{"attempt"}`` when a requeued job starts over, and finally ``job`` with the job as ``GET`` returns it.
+``{"attempt"}`` when a requeued job starts over (one that resumes from its flushed tokens continues, with
+no event), and finally ``job`` with the job as ``GET`` returns it.
 With Redis the pieces come as the worker publishes them (``api/jobs/live.py``), after what its Redis stream
 already holds; without (the embedded mode) from the job row's partial output, which the worker flushes
 every flush interval.
@@ -36,16 +37,21 @@ async def job_events(service: Service, job: Job) -> AsyncIterator[ServerSentEven
 
 
 async def _from_stream(service: Service, live: LiveStreams, job_id: str) -> AsyncIterator[ServerSentEvent]:
-    attempt, streamed = None, False
+    attempt, streamed, sent, skip = None, False, 0, 0
     async with aclosing(live.entries(job_id)) as entries:  # unsubscribes as soon as this ends
         async for entry in entries:
             if entry is not None:
                 if attempt is not None and entry.attempt != attempt:
-                    yield ServerSentEvent(event="restart", data={"attempt": entry.attempt})
+                    if entry.resumed:  # it repeats the text so far, then goes on: skip what was sent
+                        skip = sent
+                    else:
+                        yield ServerSentEvent(event="restart", data={"attempt": entry.attempt})
+                        sent = skip = 0
                 attempt = entry.attempt
-                if entry.text:
-                    streamed = True
-                    yield ServerSentEvent(event="delta", data={"text": entry.text})
+                text, skip = entry.text[skip:], max(skip - len(entry.text), 0)
+                if text:
+                    streamed, sent = True, sent + len(text)
+                    yield ServerSentEvent(event="delta", data={"text": text})
             if entry is None or entry.end:
                 job = await _settled(service, job_id, wait=entry is not None)
                 if job.status in TERMINAL:
@@ -66,7 +72,7 @@ async def _from_row(service: Service, job_id: str) -> AsyncIterator[ServerSentEv
     sent, attempt = "", None
     while True:
         job = await run_in_threadpool(jobs.get, service, OPEN, job_id)
-        if attempt is not None and job.attempt != attempt:
+        if attempt is not None and job.attempt != attempt and not resumed(job):
             yield ServerSentEvent(event="restart", data={"attempt": job.attempt})
             sent = ""
         attempt = job.attempt
@@ -77,6 +83,11 @@ async def _from_row(service: Service, job_id: str) -> AsyncIterator[ServerSentEv
             yield ServerSentEvent(event="job", data=JobOut.of(job))
             return
         await asyncio.sleep(service.settings.flush_interval)
+
+
+def resumed(job: Job) -> bool:
+    """Whether the job's current run goes on from an earlier one's tokens (its text is kept)."""
+    return bool(job.runs) and job.runs[-1]["resumed_from_token"] > 0
 
 
 async def encoded(events: AsyncIterator[ServerSentEvent]) -> AsyncIterator[bytes]:

@@ -23,4 +23,3 @@ def uniform(seed: int, choice: int, position: int) -> float:
     z = _mix((z ^ (choice + 2 * _GOLDEN)) & _MASK)
     z = _mix((z ^ (position + 3 * _GOLDEN)) & _MASK)
     return (z >> 11) * 2.0**-53
-
