@@ -153,6 +153,11 @@ class Job(Base):
         lazy="selectin",
     )
 
+    # The job a replay replays (POST /v1/jobs/{id}/replay), to compare their tokens; None: gone or not one.
+    original: Mapped["Job | None"] = relationship(
+        primaryjoin="foreign(Job.replay_of) == remote(Job.id)", viewonly=True, lazy="selectin"
+    )
+
     queued_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     published_at: Mapped[datetime | None] = mapped_column(UTCDateTime)  # last handed to the broker
     # When it should be done (its batch's completion_window): among queued jobs of equal aged priority the
@@ -179,6 +184,18 @@ class Job(Base):
         if "token_time_chunks" in inspect(self).unloaded:  # a job just made here, never loaded: no run yet
             return []
         return joined((chunk.first, chunk.times_ms) for chunk in self.token_time_chunks)
+
+    @property
+    def choice_token_ids(self) -> list[list[int]]:
+        """Each choice's output token ids: with the final result, else the first choice's flushed so far."""
+        if self.output_token_ids is not None:
+            return self.output_token_ids
+        if "token_time_chunks" in inspect(self).unloaded:
+            return []
+        chunks = self.token_time_chunks
+        if not chunks or any(chunk.token_ids is None for chunk in chunks):
+            return []
+        return [joined((chunk.first, chunk.token_ids or []) for chunk in chunks)]
 
 
 # A run's results before it has produced any: a new job's, and what each claim resets them to.

@@ -112,6 +112,7 @@ def run_worker(settings: Settings, ready_fd: int | None = None) -> None:
     facts = {"worker_id": worker_id, "model": settings.served_model_name, "queue": queue}
     handle_signals(host, settings, facts, ready_fd)
     host.start()
+    store.served_by = host.loop.engine.served_by()  # before Celery consumes: every claim records it
     stop_reconciling = threading.Event()
     threading.Thread(
         target=reconciler.run, args=(settings.reconcile_interval, stop_reconciling), daemon=True

@@ -5,6 +5,7 @@ import logging
 import time
 from concurrent.futures import FIRST_COMPLETED, wait
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from transformers import AutoTokenizer, GenerationConfig, PreTrainedTokenizerBase
@@ -12,6 +13,7 @@ from transformers import AutoTokenizer, GenerationConfig, PreTrainedTokenizerBas
 from contract.context import context_problem, max_model_len, step_problem
 from contract.engine import EngineConfig
 from contract.sampling import SamplingParams, new_seed
+from worker.engine import identity
 from worker.engine.beam_search import BeamSearcher
 from worker.engine.block_manager import BlockManager
 from worker.engine.default_model import resolve_model
@@ -47,7 +49,7 @@ class LLMEngine:
     busy_time: float = 0.0  # the sum of the steps' wall times; the requests' engine_time add up to it
 
     def __post_init__(self) -> None:
-        path = resolve_model(self.config.model, gguf=self.config.quantization == "gguf")
+        path = self.model_path = resolve_model(self.config.model, gguf=self.config.quantization == "gguf")
         self.model_config = ModelConfig.from_pretrained(path)
         self.max_model_len = max_model_len(self.model_config.hf_config.to_dict(), self.config.max_model_len)
         self.tokenizer: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(path)
@@ -363,6 +365,19 @@ class LLMEngine:
         return request.output([seq.take_output() for seq in sorted(seqs, key=lambda s: s.index)])
 
     # --- observability ---
+
+    def served_by(self) -> dict[str, Any]:
+        """What serves its requests, for their manifests: digests, version, numerics (identity.py)."""
+        runner = self.runner
+        dtype = str(runner.dtype).removeprefix("torch.")
+        return identity.served_by(
+            self.model_path,
+            str(runner.device),
+            dtype,
+            self.config.quantization,
+            runner.kernel_backend,
+            runner.batch_invariant,
+        )
 
     def stats(self) -> EngineStats:
         return EngineStats(
