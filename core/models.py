@@ -155,7 +155,7 @@ class Job(Base):
 
     # The job a replay replays (POST /v1/jobs/{id}/replay), to compare their tokens; None: gone or not one.
     original: Mapped["Job | None"] = relationship(
-        primaryjoin="foreign(Job.replay_of) == remote(Job.id)", viewonly=True, lazy="selectin"
+        primaryjoin="foreign(Job.replay_of) == remote(Job.id)", viewonly=True, lazy="selectin", join_depth=1
     )
 
     queued_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)

@@ -7,6 +7,7 @@ from datetime import datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
+from sqlalchemy import inspect
 
 from core.choices import choices_of
 from core.models import Job
@@ -87,9 +88,9 @@ class ReplayOut(BaseModel):
     def compare(cls, job: Job) -> "ReplayOut | None":
         if job.replay_of is None:
             return None
-        original = job.original
-        ended = original is not None and original.status in TERMINAL and job.status in TERMINAL
-        if original is None or not ended:
+        # a job just made here was never loaded with its original, and has not ended anyway
+        original = None if "original" in inspect(job).unloaded else job.original
+        if original is None or original.status not in TERMINAL or job.status not in TERMINAL:
             return cls(replay_of=job.replay_of, identical=None, first_divergence=None, same_model=None)
         digests = [(j.served_by or {}).get("model_digest") for j in (job, original)]
         divergence = first_divergence(original.choice_token_ids, job.choice_token_ids)

@@ -20,7 +20,13 @@ def settings(service_settings: Settings) -> Settings:
 
 
 @pytest.fixture
-def client(settings: Settings, db: Database, tmp_path: Path) -> Iterator[TestClient]:
+def people(db: Database) -> tuple[dict[str, str], dict[str, str]]:
+    """Two user keys, made before the API starts (with auth on, it needs a key to exist)."""
+    return bearer(db, "alice"), bearer(db, "bob")
+
+
+@pytest.fixture
+def client(settings: Settings, db: Database, tmp_path: Path, people: tuple) -> Iterator[TestClient]:
     worker = start_worker(settings, db, tmp_path / "worker.log")
     try:
         with TestClient(create_app(settings, Path(settings.model))) as client:
@@ -35,9 +41,9 @@ def bearer(db: Database, name: str) -> dict[str, str]:
 
 
 def test_a_jobs_manifest_replays_it_token_for_token_for_its_own_key_only(
-    client: TestClient, db: Database, settings: Settings
+    client: TestClient, db: Database, settings: Settings, people: tuple
 ) -> None:
-    alice, bob = bearer(db, "alice"), bearer(db, "bob")
+    alice, bob = people
     body = {"prompt": "The quick brown fox", "max_tokens": 12, "temperature": 0.9, "ignore_eos": True}
     job_id = client.post("/v1/jobs", json=body, headers=alice).json()["id"]  # no seed: the API picks one
     db.wait_until([job_id], {"succeeded"}, timeout=120)
