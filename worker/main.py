@@ -28,6 +28,7 @@ from worker.connections import WorkerConnections
 from worker.connectivity import Connectivity
 from worker.drain import Drain
 from worker.engine import LLMEngine
+from worker.engine.identity import served_by
 from worker.engine_loop import EngineLoop
 from worker.flights import Flights
 from worker.flusher import Flusher, Publish
@@ -112,7 +113,7 @@ def run_worker(settings: Settings, ready_fd: int | None = None) -> None:
     facts = {"worker_id": worker_id, "model": settings.served_model_name, "queue": queue}
     handle_signals(host, settings, facts, ready_fd)
     host.start()
-    store.served_by = host.loop.engine.served_by()  # before Celery consumes: every claim records it
+    store.served_by = served_by(host.loop.engine)  # before Celery consumes: every claim records it
     stop_reconciling = threading.Event()
     threading.Thread(
         target=reconciler.run, args=(settings.reconcile_interval, stop_reconciling), daemon=True

@@ -78,5 +78,5 @@ def test_tokens_the_grammar_refuses_fail_the_request(engine: LLMEngine) -> None:
     ids=["n=2", "logprobs"],
 )
 def test_what_cannot_continue_is_refused(engine: LLMEngine, params: SamplingParams) -> None:
-    with pytest.raises(ValueError, match="continues"):
+    with pytest.raises(ValueError, match="only a single sample"):
         engine.add_request("no", PROMPT, params, continue_from=[5, 6])

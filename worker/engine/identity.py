@@ -11,7 +11,10 @@ import json
 import logging
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from worker.engine.llm_engine import LLMEngine
 
 logger = logging.getLogger("pagedq.engine")
 
@@ -70,16 +73,17 @@ def pagedq_version() -> str:
         return "unknown"
 
 
-def served_by(
-    path: Path, device: str, dtype: str, quantization: str, kernels: str, invariant: bool
-) -> dict[str, Any]:
+def served_by(engine: "LLMEngine") -> dict[str, Any]:
+    """What serves the engine's requests, for their manifests."""
+    runner, quantization = engine.runner, engine.config.quantization
+    path = engine.model_path
     return {
         "model_digest": model_digest(path, gguf=quantization == "gguf"),
         "tokenizer_digest": tokenizer_digest(path),
         "pagedq_version": pagedq_version(),
-        "device": device,
-        "dtype": dtype,
+        "device": str(runner.device),
+        "dtype": str(runner.dtype).removeprefix("torch."),
         "quantization": quantization,
-        "kernel_backend": kernels,
-        "batch_invariant": invariant,
+        "kernel_backend": runner.kernel_backend,
+        "batch_invariant": runner.batch_invariant,
     }

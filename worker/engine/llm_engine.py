@@ -5,7 +5,6 @@ import logging
 import time
 from concurrent.futures import FIRST_COMPLETED, wait
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 from transformers import AutoTokenizer, GenerationConfig, PreTrainedTokenizerBase
@@ -13,7 +12,6 @@ from transformers import AutoTokenizer, GenerationConfig, PreTrainedTokenizerBas
 from contract.context import context_problem, max_model_len, step_problem
 from contract.engine import EngineConfig
 from contract.sampling import SamplingParams, new_seed
-from worker.engine import identity
 from worker.engine.beam_search import BeamSearcher
 from worker.engine.block_manager import BlockManager
 from worker.engine.default_model import resolve_model
@@ -37,6 +35,15 @@ class EngineStats:
     num_preemptions: int
     num_generated_tokens: int  # since the engine started
     busy_time: float = 0.0  # seconds spent in steps that ran the model, since the engine started
+
+
+def resume_problem(resumed: list[int], params: SamplingParams, vocab_size: int) -> str | None:
+    """Why a request cannot continue from ``resumed`` (an earlier run's output tokens), or None."""
+    if params.num_sequences > 1 or params.use_beam_search or params.logprobs is not None:
+        return "only a single sample without logprobs continues from earlier tokens"
+    if max(resumed) >= vocab_size or min(resumed) < 0:
+        return f"token ids must be in [0, {vocab_size})"
+    return None
 
 
 @dataclass
@@ -107,8 +114,8 @@ class LLMEngine:
         token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         self._check_fits(request_id, token_ids, params)
         resumed = list(continue_from or [])
-        if resumed:
-            self._check_resumable(request_id, resumed, params)
+        if resumed and (problem := resume_problem(resumed, params, self.model_config.vocab_size)):
+            raise ValueError(f"request {request_id!r}: {problem}")
         request = Request(
             request_id, prompt if isinstance(prompt, str) else None, token_ids, params, priority
         )
@@ -121,14 +128,6 @@ class LLMEngine:
         request.grammar = self.grammars.compile(params.structured)
         request.compile_deadline = time.monotonic() + self.config.grammar_compile_timeout
         self.compiling.append(request)
-
-    def _check_resumable(self, request_id: str, resumed: list[int], params: SamplingParams) -> None:
-        if params.num_sequences > 1 or params.use_beam_search or params.logprobs is not None:
-            raise ValueError(f"request {request_id!r}: only a single sample without logprobs continues")
-        if max(resumed) >= self.model_config.vocab_size or min(resumed) < 0:
-            raise ValueError(
-                f"request {request_id!r}: token ids must be in [0, {self.model_config.vocab_size})"
-            )
 
     def _start(self, request: Request) -> RequestOutput | None:
         """Schedule a request's first sequence, advanced over its earlier run's tokens if it continues one.
@@ -365,19 +364,6 @@ class LLMEngine:
         return request.output([seq.take_output() for seq in sorted(seqs, key=lambda s: s.index)])
 
     # --- observability ---
-
-    def served_by(self) -> dict[str, Any]:
-        """What serves its requests, for their manifests: digests, version, numerics (identity.py)."""
-        runner = self.runner
-        dtype = str(runner.dtype).removeprefix("torch.")
-        return identity.served_by(
-            self.model_path,
-            str(runner.device),
-            dtype,
-            self.config.quantization,
-            runner.kernel_backend,
-            runner.batch_invariant,
-        )
 
     def stats(self) -> EngineStats:
         return EngineStats(
