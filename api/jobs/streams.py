@@ -10,8 +10,9 @@ every flush interval.
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import aclosing
+from dataclasses import dataclass
 
 from fastapi.sse import ServerSentEvent, format_sse_event
 from pydantic import BaseModel
@@ -24,6 +25,7 @@ from api.jobs.live import LiveStreams
 from api.jobs.schemas import JobOut
 from core.models import Job
 from core.states import TERMINAL
+from core.streams import StreamEntry
 
 
 async def job_events(service: Service, job: Job) -> AsyncIterator[ServerSentEvent]:
@@ -36,26 +38,40 @@ async def job_events(service: Service, job: Job) -> AsyncIterator[ServerSentEven
         yield event
 
 
+@dataclass
+class Continuation:
+    """What a reader sends of each entry: a new run that starts over is a ``restart``; one that resumes
+    repeats the text so far before going on, so what the reader has sent of it is skipped."""
+
+    attempt: int | None = None
+    sent: int = 0  # characters sent, of the current text
+    skip: int = 0  # characters of the resumed run's text still to skip
+
+    def take(self, entry: StreamEntry) -> Iterator[ServerSentEvent]:
+        if self.attempt is not None and entry.attempt != self.attempt:
+            if entry.resumed:
+                self.skip = self.sent
+            else:
+                yield ServerSentEvent(event="restart", data={"attempt": entry.attempt})
+                self.sent = self.skip = 0
+        self.attempt = entry.attempt
+        text, self.skip = entry.text[self.skip :], max(self.skip - len(entry.text), 0)
+        if text:
+            self.sent += len(text)
+            yield ServerSentEvent(event="delta", data={"text": text})
+
+
 async def _from_stream(service: Service, live: LiveStreams, job_id: str) -> AsyncIterator[ServerSentEvent]:
-    attempt, streamed, sent, skip = None, False, 0, 0
+    reader = Continuation()
     async with aclosing(live.entries(job_id)) as entries:  # unsubscribes as soon as this ends
         async for entry in entries:
             if entry is not None:
-                if attempt is not None and entry.attempt != attempt:
-                    if entry.resumed:  # it repeats the text so far, then goes on: skip what was sent
-                        skip = sent
-                    else:
-                        yield ServerSentEvent(event="restart", data={"attempt": entry.attempt})
-                        sent = skip = 0
-                attempt = entry.attempt
-                text, skip = entry.text[skip:], max(skip - len(entry.text), 0)
-                if text:
-                    streamed, sent = True, sent + len(text)
-                    yield ServerSentEvent(event="delta", data={"text": text})
+                for event in reader.take(entry):
+                    yield event
             if entry is None or entry.end:
                 job = await _settled(service, job_id, wait=entry is not None)
                 if job.status in TERMINAL:
-                    if not streamed and job.output_text:  # the stream expired: send the output whole
+                    if not reader.sent and job.output_text:  # the stream expired: send the output whole
                         yield ServerSentEvent(event="delta", data={"text": job.output_text})
                     yield ServerSentEvent(event="job", data=JobOut.of(job))
                     return
