@@ -11,6 +11,7 @@ only the parameters in ``BEAM_SEARCH_TAKES``: any other one must be left at its 
 """
 
 import operator
+import secrets
 from collections.abc import Callable, Iterator
 from dataclasses import MISSING, dataclass, field, fields
 from functools import cache
@@ -26,6 +27,12 @@ from contract.structured import StructuredOutput
 def param(default: Any, description: str) -> Any:
     """A parameter with its meaning, which the API's schema shows."""
     return field(default=default, metadata={"description": description})
+
+
+def new_seed() -> int:
+    """A seed for a request that set none (in ``SamplingParams.seed``'s range): the API records it with the
+    job, the engine with a request of its own, so that every run can be replayed."""
+    return secrets.randbits(63)
 
 
 MAX_N = 16  # the most samples or beams one request runs (a key's limit may be lower: PAGEDQ_KEY_MAX_N)

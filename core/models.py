@@ -142,12 +142,24 @@ class Job(Base):
     cached_tokens: Mapped[int] = mapped_column(default=0)
     engine_ms: Mapped[float] = mapped_column(default=0.0)  # its share of engine steps (worker/engine)
     embeddings: Mapped[bytes | None] = mapped_column(LargeBinary)  # an embedding job's: core/embeddings.py
+    # Reproducibility (GET /v1/jobs/{id}/manifest): each choice's output token ids, with the final result;
+    # what served it (worker/engine's ``EngineIdentity``: digests, version, dtype, kernels); each run as
+    # {"attempt", "resumed_from_token"} (0: started from scratch); the job this one replays.
+    output_token_ids: Mapped[list[list[int]] | None] = mapped_column(JSONType)
+    served_by: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
+    runs: Mapped[list[dict[str, int]] | None] = mapped_column(JSONType)
+    replay_of: Mapped[str | None] = mapped_column(String(40))
     # The current run's per-token times, appended a chunk per flush; a new run starts with none.
     token_time_chunks: Mapped[list["TokenTimes"]] = relationship(
         primaryjoin="and_(Job.id == foreign(TokenTimes.job_id), Job.attempt == TokenTimes.attempt)",
         order_by="TokenTimes.first",
         viewonly=True,
         lazy="selectin",
+    )
+
+    # The job a replay replays (POST /v1/jobs/{id}/replay), to compare their tokens; None: gone or not one.
+    original: Mapped["Job | None"] = relationship(
+        primaryjoin="foreign(Job.replay_of) == remote(Job.id)", viewonly=True, lazy="selectin", join_depth=1
     )
 
     queued_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
@@ -177,6 +189,18 @@ class Job(Base):
             return []
         return joined((chunk.first, chunk.times_ms) for chunk in self.token_time_chunks)
 
+    @property
+    def choice_token_ids(self) -> list[list[int]]:
+        """Each choice's output token ids: with the final result, else the first choice's flushed so far."""
+        if self.output_token_ids is not None:
+            return self.output_token_ids
+        if "token_time_chunks" in inspect(self).unloaded:
+            return []
+        chunks = self.token_time_chunks
+        if not chunks or any(chunk.token_ids is None for chunk in chunks):
+            return []
+        return [joined((chunk.first, chunk.token_ids or []) for chunk in chunks)]
+
 
 # A run's results before it has produced any: a new job's, and what each claim resets them to.
 FRESH_RESULTS: dict[str, Any] = {
@@ -189,6 +213,7 @@ FRESH_RESULTS: dict[str, Any] = {
     "cached_tokens": 0,
     "engine_ms": 0.0,
     "embeddings": None,
+    "output_token_ids": None,
     "started_at": None,
     "first_token_at": None,
 }
@@ -196,7 +221,9 @@ FRESH_RESULTS: dict[str, Any] = {
 
 class TokenTimes(Base):
     """A chunk of a run's per-token times (ms since started_at), from the token at index ``first``:
-    each flush appends one, so writing them costs what is new, never what was written before."""
+    each flush appends one, so writing them costs what is new, never what was written before. Beside
+    them, the first choice's token ids at the same indexes (None for beam search, whose tokens come at the
+    end): a crashed run resumes from them."""
 
     __tablename__ = "job_token_times"
 
@@ -204,6 +231,7 @@ class TokenTimes(Base):
     attempt: Mapped[int] = mapped_column(primary_key=True)
     first: Mapped[int] = mapped_column(primary_key=True)
     times_ms: Mapped[list[float]] = mapped_column(JSONType)
+    token_ids: Mapped[list[int] | None] = mapped_column(JSONType)
 
 
 class Worker(Base):

@@ -92,7 +92,10 @@ class _Sampling(BaseModel):
         """The keyword arguments of the engine's ``SamplingParams``; with ``model_defaults`` (the model's
         generation config), those replace the contract's defaults for what the request left out."""
         params = self.model_dump(include=set(sampling.hints()))
-        return sampling_defaults.with_model_defaults(params, self.model_fields_set, model_defaults or {})
+        params = sampling_defaults.with_model_defaults(params, self.model_fields_set, model_defaults or {})
+        if params.get("seed") is None:  # chosen now and stored with the job: every job can be replayed
+            params["seed"] = sampling.new_seed()
+        return params
 
 
 SamplingSpec = create_model(

@@ -73,6 +73,9 @@ class StreamEntry:
     seq: int  # from 1 within a run
     text: str = ""
     end: bool = False
+    # A run's first entry when it goes on from an earlier run (a resume after a crash): its text is the
+    # earlier run's flushed text, which the new run continues, so readers skip what they have read.
+    resumed: bool = False
 
     @property
     def entry_id(self) -> str:
@@ -88,7 +91,8 @@ class StreamEntry:
         return (self.attempt == attempt and self.seq == seq + 1) or (self.attempt > attempt and self.seq == 1)
 
     def fields(self) -> dict[str, str | int]:
-        return ({"text": self.text} if self.text else {}) | ({"end": 1} if self.end else {})
+        resumed = {"resumed": 1} if self.resumed else {}
+        return ({"text": self.text} if self.text else {}) | ({"end": 1} if self.end else {}) | resumed
 
     def message(self) -> str:
         return json.dumps({"id": self.entry_id} | self.fields(), ensure_ascii=False)
@@ -105,4 +109,4 @@ class StreamEntry:
     @classmethod
     def _of(cls, entry_id: str, fields: dict[str, Any]) -> "StreamEntry":
         attempt, seq = entry_id.split("-")
-        return cls(int(attempt), int(seq), fields.get("text", ""), "end" in fields)
+        return cls(int(attempt), int(seq), fields.get("text", ""), "end" in fields, "resumed" in fields)

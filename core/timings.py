@@ -15,7 +15,7 @@ import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from contract.token_times import DECIMALS  # milliseconds to the microsecond, everywhere
 
@@ -75,12 +75,16 @@ def e2e_latency_ms(job: Stamped) -> float | None:
     return _between(job.queued_at, job.finished_at)
 
 
-def joined(chunks: Iterable[tuple[int, list[float]]]) -> list[float]:
-    """A run's per-token times from its stored chunks ``(index of the first, times)``, in index order.
+T = TypeVar("T")
+
+
+def joined(chunks: Iterable[tuple[int, list[T]]]) -> list[T]:
+    """A run's per-token times (or token ids) from its stored chunks ``(index of the first, times)``, in
+    index order.
 
     A chunk written again after a commit whose outcome was unknown may overlap the one before: each
     index counts once."""
-    times: list[float] = []
+    times: list[T] = []
     for first, chunk in chunks:
         times.extend(chunk[max(len(times) - first, 0) :])
     return times

@@ -89,7 +89,10 @@ class Claimer:
                     logger.info("job not queued, skipping", extra={"job_id": job_id})
                     return RunResult.SKIPPED
                 # Running from now: a job says when it started, before a long prefill ends.
-                flight = Flight(job, self.result_of(job.params, time.monotonic()))
+                result = self.result_of(job.params, time.monotonic())
+                if job.resume is not None and isinstance(result, JobResult):  # goes on from flushed tokens
+                    result.resume(job.resume)
+                flight = Flight(job, result)
                 self.flights.add(flight)
                 return flight
             return RunResult.REFUSED

@@ -44,8 +44,16 @@ class Engine(Protocol):
 
     @property
     def tokenizer(self) -> Decoder: ...
-    def add_request(self, request_id: str, prompt: list[int], params: SamplingParams, priority: int) -> None:
-        """Raises ValueError when the request can never be served."""
+    def add_request(
+        self,
+        request_id: str,
+        prompt: list[int],
+        params: SamplingParams,
+        priority: int,
+        continue_from: list[int] | None = None,
+    ) -> None:
+        """Raises ValueError when the request can never be served; ``continue_from``: an earlier run's
+        output tokens, which it goes on from."""
 
     def abort(self, request_id: str) -> bool: ...
     def has_unfinished_requests(self) -> bool: ...
@@ -158,7 +166,12 @@ class EngineLoop(Generic[E]):
         """Hand a claimed run to the engine; raises ValueError or TypeError for one it refuses."""
         job = flight.job
         params = SamplingParams(**job.params)
-        self.engine.add_request(flight.request_id, job.prompt_token_ids, params, job.priority)
+        resumed = job.resume.token_ids if job.resume else None
+        self.engine.add_request(
+            flight.request_id, job.prompt_token_ids, params, job.priority, continue_from=resumed
+        )
+        if job.resume and self.streamer is not None and not job.in_batch:  # its reader skips what it has
+            self.streamer.feed(job.id, job.attempt, "", job.resume.text, finished=False, resumed=True)
 
     def _record(self, output: RequestOutput) -> None:
         flight = self.flights.held(output.request_id.rpartition("#")[0])
@@ -168,7 +181,8 @@ class EngineLoop(Generic[E]):
         if self.streamer is not None and not flight.job.in_batch:
             text = "".join(sample.text for sample in output.outputs if sample.index == 0)
             whole = flight.result.choices[0].text  # this thread alone changes it
-            self.streamer.feed(flight.job.id, flight.job.attempt, text, whole, output.finished)
+            resumed = flight.job.resume is not None
+            self.streamer.feed(flight.job.id, flight.job.attempt, text, whole, output.finished, resumed)
         if output.finished and output.error is not None:  # its constraint failed
             self.flights.end(flight, JobStatus.FAILED, error=f"rejected by the engine: {output.error}")
         elif output.finished:

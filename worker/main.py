@@ -32,6 +32,7 @@ from worker.connectivity import Connectivity
 from worker.drain import Drain
 from worker.embedding_host import embedding
 from worker.engine import LLMEngine
+from worker.engine.identity import served_by
 from worker.engine_loop import EngineLoop
 from worker.flights import Flights
 from worker.flusher import Flusher, Publish
@@ -151,6 +152,7 @@ def serve(
     facts = {"worker_id": worker_id, "model": entry.name, "kind": entry.kind, "queue": queue}
     handle_signals(host, settings, facts, ready_fd, kind.facts)
     host.start()
+    store.served_by = served_by(host.loop.engine)  # before Celery consumes: every claim records it
     stop_reconciling = threading.Event()
     threading.Thread(
         target=reconciler.run, args=(settings.reconcile_interval, stop_reconciling), daemon=True

@@ -19,7 +19,7 @@ from core.states import JobStatus
 from core.timings import ms
 from worker.embedding_jobs import JobEmbedding
 from worker.engine.outputs import CompletionOutput, RequestOutput
-from worker.store import Progress
+from worker.store import Progress, Resume
 
 TokenText = Callable[[int], str]  # a token id's text, from the engine's tokenizer
 
@@ -39,7 +39,9 @@ class JobResult:
     """What a run produced so far: its choices, and the timings of its first."""
 
     top_logprobs: int | None = None  # how many alternatives per token the job asked for; None: no logprobs
+    beams: bool = False  # beam search: its tokens come at the end, not beside their times
     choices: list[Choice] = field(default_factory=lambda: [Choice()])
+    token_ids: list[list[int]] = field(default_factory=lambda: [[]])  # each choice's output token ids
     cached_tokens: int = 0
     engine_ms: float = 0.0  # its share of the engine steps it took part in
     started: float | None = None  # monotonic: when claimed (running from then), else first scheduled
@@ -47,22 +49,45 @@ class JobResult:
     token_times_ms: list[float] = field(default_factory=list)  # since started
     times_written: int = 0  # how many of them the database holds
     text_written: int = 0  # how many characters of the first choice's text the database holds
+    earlier: Resume | None = None  # the earlier run it goes on from: its start times are kept as stored
 
     @classmethod
-    def of(cls, params: dict[str, Any], started: float | None = None) -> "JobResult":
-        return cls(top_logprobs=params.get("logprobs"), started=started)
+    def of(
+        cls, params: dict[str, Any], started: float | None = None, resume: Resume | None = None
+    ) -> "JobResult":
+        result = cls(
+            top_logprobs=params.get("logprobs"), beams=bool(params.get("use_beam_search")), started=started
+        )
+        if resume is not None:
+            result.resume(resume)
+        return result
+
+    def resume(self, earlier: Resume) -> None:
+        """Start from what an earlier run flushed (the store holds it): its tokens, times and text, and its
+        start, so the times of the tokens to come count from the job's first start as the earlier ones do."""
+        self.earlier = earlier
+        self.started = time.monotonic() - (time.time() - earlier.started_at.timestamp())
+        if earlier.first_token_at is not None:
+            self.first_token = self.started + (earlier.first_token_at - earlier.started_at).total_seconds()
+        self.token_ids = [list(earlier.token_ids)]
+        self.token_times_ms = list(earlier.times_ms)
+        self.choices[0].text = earlier.text
+        self.choices[0].completion_tokens = len(earlier.token_ids)
+        self.times_written, self.text_written = len(earlier.times_ms), len(earlier.text)
 
     def fold(self, output: RequestOutput, token_text: TokenText) -> None:
         """Add one step's output: only what is new since the last step."""
         for sample in output.outputs:
             self.choices.extend(Choice() for _ in range(sample.index + 1 - len(self.choices)))
+            self.token_ids.extend([] for _ in range(sample.index + 1 - len(self.token_ids)))
+            self.token_ids[sample.index].extend(sample.token_ids)
             self._fold_sample(self.choices[sample.index], sample, token_text)
         self.cached_tokens = output.num_cached_tokens
         metrics = output.metrics
         self.engine_ms = ms(metrics.engine_time * 1000)
         if self.started is None:
             self.started = metrics.first_scheduled_time
-        self.first_token = metrics.first_token_time
+        self.first_token = self.first_token or metrics.first_token_time
         if self.started is not None:
             # A step's output carries only its new tokens' times, as its text and token ids.
             self.token_times_ms.extend(token_times_ms(metrics.token_times, self.started))
@@ -94,6 +119,8 @@ class JobResult:
     ) -> Progress:
         """A snapshot for the store: the token times not yet written, logprobs with the final result."""
         logprobs = status is not None and self.top_logprobs is not None
+        new_times = self.token_times_ms[self.times_written :]
+        new_ids = self.token_ids[0][self.times_written : self.times_written + len(new_times)]
         return Progress(
             job_id=job_id,
             attempt=attempt,
@@ -104,10 +131,12 @@ class JobResult:
             token_logprobs=[list(choice.logprobs) for choice in self.choices] if logprobs else None,
             cached_tokens=self.cached_tokens,
             engine_ms=self.engine_ms,
-            token_times_ms=self.token_times_ms[self.times_written :],
+            token_times_ms=new_times,
             token_times_from=self.times_written,
-            started_at=clock.wall(self.started),
-            first_token_at=clock.wall(self.first_token),
+            token_ids=None if self.beams else new_ids,
+            output_token_ids=[list(ids) for ids in self.token_ids] if status is not None else None,
+            started_at=self.earlier.started_at if self.earlier else clock.wall(self.started),
+            first_token_at=(self.earlier and self.earlier.first_token_at) or clock.wall(self.first_token),
             status=status,
             finish_reason=finish_reason,
             error=error,

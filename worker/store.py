@@ -31,6 +31,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from core.choices import TokenLogprob
 from core.models import FRESH_RESULTS, Job, TokenTimes, Worker, storable, utcnow
 from core.states import JobStatus
+from core.timings import joined
 from core.webhooks import Outbox
 from worker.fair import fair_order
 
@@ -43,6 +44,18 @@ def database_away(error: BaseException) -> bool:
 
 
 @dataclass(frozen=True)
+class Resume:
+    """What an earlier run of a job flushed, which its new run goes on from rather than starting over:
+    the first choice's token ids and their times, its text, and when the job started and first produced."""
+
+    token_ids: list[int]
+    times_ms: list[float]
+    text: str
+    started_at: datetime
+    first_token_at: datetime | None
+
+
+@dataclass(frozen=True)
 class ClaimedJob:
     id: str
     attempt: int
@@ -50,6 +63,18 @@ class ClaimedJob:
     params: dict[str, Any]
     priority: int
     in_batch: bool  # a batch's jobs are not streamed live: their output is read from the files
+    resume: Resume | None = None  # None: it starts from its first token
+
+
+def resumable(params: dict[str, Any]) -> bool:
+    """Whether a run can go on from an earlier one's tokens: one sample, no beams, no logprobs (the
+    engine's ``continue_from``); the others start over."""
+    one = params.get("n", 1) == 1 and not params.get("use_beam_search")
+    return one and params.get("logprobs") is None
+
+
+# What a claim keeps of an earlier run until it knows whether the new run resumes it.
+KEPT_ON_CLAIM = ("output_text", "started_at", "first_token_at", "completion_tokens")
 
 
 @dataclass
@@ -65,6 +90,8 @@ class Progress:
     engine_ms: float = 0.0
     token_times_ms: list[float] = field(default_factory=list)
     token_times_from: int = 0
+    token_ids: list[int] | None = None  # the first choice's, at the times' indexes; None: beam search
+    output_token_ids: list[list[int]] | None = None  # every choice's, with the final result
     text_from: int = 0
     choices: list[dict[str, Any]] | None = None  # every sample when a job asked for more than one
     token_logprobs: list[list[TokenLogprob]] | None = None  # with the final result, when asked for
@@ -91,6 +118,7 @@ class Progress:
                 "finish_reason": self.finish_reason,
                 "error": self.error,
                 "finished_at": utcnow(),
+                "output_token_ids": self.output_token_ids,
             }
         if self.embeddings is not None:
             values["embeddings"] = self.embeddings
@@ -103,7 +131,7 @@ class Progress:
 
     def token_times(self) -> dict[str, Any]:
         """The row of its new token times (``job_token_times``)."""
-        times = {"first": self.token_times_from, "times_ms": self.token_times_ms}
+        times = {"first": self.token_times_from, "times_ms": self.token_times_ms, "token_ids": self.token_ids}
         return {"job_id": self.job_id, "attempt": self.attempt} | times
 
 
@@ -128,7 +156,8 @@ def append_token_times(dialect: str) -> Insert:
     """A chunk of new token times; the same chunk again (a retry after an unknown outcome) replaces it."""
     statement = (postgresql.insert if dialect == "postgresql" else sqlite.insert)(TokenTimes)
     return statement.on_conflict_do_update(
-        index_elements=["job_id", "attempt", "first"], set_={"times_ms": statement.excluded.times_ms}
+        index_elements=["job_id", "attempt", "first"],
+        set_={"times_ms": statement.excluded.times_ms, "token_ids": statement.excluded.token_ids},
     )
 
 
@@ -139,6 +168,7 @@ class JobStore:
     outbox: Outbox | None = None  # where a job's end is recorded as webhook events; None: nowhere
     max_attempts: int = 3  # runs a job may start; when the last one is abandoned too, the job fails
     fair_aging: float | None = None  # fair share's aging (worker/fair.py); None: a message claims its own job
+    served_by: dict[str, Any] | None = None  # what serves its jobs (worker/engine's identity), stored per run
 
     @property
     def fair(self) -> bool:
@@ -171,17 +201,67 @@ class JobStore:
         claimable = Job.status == JobStatus.QUEUED
         if retry:
             claimable = or_(claimable, and_(Job.status == JobStatus.RUNNING, Job.worker_id == worker_id))
+        fresh = {key: value for key, value in FRESH_RESULTS.items() if key not in KEPT_ON_CLAIM}
         statement = (
             update(Job)
             .where(Job.id == job_id, claimable, Job.cancel_requested.is_(False))
-            .values(status=JobStatus.RUNNING, attempt=Job.attempt + 1, worker_id=worker_id, **FRESH_RESULTS)
-            .returning(Job.attempt, Job.prompt_token_ids, Job.params, Job.priority, Job.batch_id.is_not(None))
+            .values(
+                status=JobStatus.RUNNING,
+                attempt=Job.attempt + 1,
+                worker_id=worker_id,
+                served_by=self.served_by,
+                **fresh,
+            )
+            .returning(
+                Job.attempt,
+                Job.prompt_token_ids,
+                Job.params,
+                Job.priority,
+                Job.batch_id.is_not(None),
+                *(Job.__table__.c[key] for key in KEPT_ON_CLAIM),
+                Job.runs,
+            )
         )
         with self.sessions.begin() as session:
             row = session.execute(statement).one_or_none()
-            if row is not None:  # an earlier run's token times: no reader sees them any more
-                session.execute(delete(TokenTimes).where(TokenTimes.job_id == job_id))
-        return None if row is None else ClaimedJob(job_id, *row)
+            if row is None:
+                return None
+            attempt, prompt, params, priority, in_batch, *kept, runs = row
+            resume = self._resume(
+                session, job_id, attempt, params, dict(zip(KEPT_ON_CLAIM, kept, strict=True))
+            )
+            start = {"attempt": attempt, "resumed_from_token": len(resume.token_ids) if resume else 0}
+            restart = {} if resume else {key: FRESH_RESULTS[key] for key in KEPT_ON_CLAIM}
+            session.execute(
+                update(Job).where(Job.id == job_id).values(runs=[*(runs or []), start], **restart)
+            )
+        return ClaimedJob(job_id, attempt, prompt, params, priority, in_batch, resume)
+
+    @staticmethod
+    def _resume(
+        session: Session, job_id: str, attempt: int, params: dict[str, Any], kept: dict[str, Any]
+    ) -> Resume | None:
+        """The earlier run's flushed tokens, their chunks handed to the new run; None (its chunks deleted:
+        no reader sees them any more) when the new run starts over."""
+        previous = (TokenTimes.job_id == job_id, TokenTimes.attempt == attempt - 1)
+        chunks = []
+        if resumable(params) and attempt > 1 and kept["started_at"] is not None:
+            query = select(TokenTimes.first, TokenTimes.times_ms, TokenTimes.token_ids).where(*previous)
+            chunks = session.execute(query.order_by(TokenTimes.first)).all()
+        if not chunks or any(chunk.token_ids is None for chunk in chunks):
+            session.execute(delete(TokenTimes).where(TokenTimes.job_id == job_id))
+            return None
+        session.execute(
+            delete(TokenTimes).where(TokenTimes.job_id == job_id, TokenTimes.attempt != attempt - 1)
+        )
+        session.execute(update(TokenTimes).where(*previous).values(attempt=attempt))
+        return Resume(
+            token_ids=joined((chunk.first, chunk.token_ids) for chunk in chunks),
+            times_ms=joined((chunk.first, chunk.times_ms) for chunk in chunks),
+            text=kept["output_text"],
+            started_at=kept["started_at"],
+            first_token_at=kept["first_token_at"],
+        )
 
     def write(self, progress: list[Progress]) -> set[str]:
         """Write progress (and results) of the runs this worker owns; returns the ids it no longer owns.

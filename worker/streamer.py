@@ -22,6 +22,7 @@ class Piece:
     attempt: int
     text: str
     finished: bool
+    resumed: bool = False  # the first piece of a run that goes on from an earlier one: the text so far
 
 
 class TokenStreamer:
@@ -34,22 +35,26 @@ class TokenStreamer:
         self._thread = threading.Thread(target=self._run, name="pagedq-streamer", daemon=True)
         self._thread.start()
 
-    def feed(self, job_id: str, attempt: int, new: str, whole: str, finished: bool) -> None:
+    def feed(
+        self, job_id: str, attempt: int, new: str, whole: str, finished: bool, resumed: bool = False
+    ) -> None:
         """A step's ``new`` text of a run (``whole``: all its text so far), streamed only once a reader
-        follows the job: then the run's first entry is all its text so far, and it streams to its end."""
+        follows the job: then the run's first entry is all its text so far, and it streams to its end.
+        ``resumed``: the run goes on from an earlier run's flushed text (its first entry says so)."""
         run = (job_id, attempt)
-        if run not in self._fed:
+        first = run not in self._fed
+        if first:
             if not self.watchers.watched(job_id):
                 return
             self._fed.add(run)
             new = whole
         if finished:
             self._fed.discard(run)
-        self.put(job_id, attempt, new, finished)
+        self.put(job_id, attempt, new, finished, resumed=first and resumed)
 
-    def put(self, job_id: str, attempt: int, text: str, finished: bool) -> None:
-        if text or finished:
-            self._pieces.put(Piece(job_id, attempt, text, finished))
+    def put(self, job_id: str, attempt: int, text: str, finished: bool, resumed: bool = False) -> None:
+        if text or finished or resumed:
+            self._pieces.put(Piece(job_id, attempt, text, finished, resumed))
 
     def close(self) -> None:
         self._pieces.put(None)
@@ -72,7 +77,7 @@ class TokenStreamer:
         for piece in batch:
             run = (piece.job_id, piece.attempt)
             key, seq = stream_key(piece.job_id), self._seqs.get(run, 0) + 1
-            entry = StreamEntry(piece.attempt, seq, storable(piece.text), piece.finished)
+            entry = StreamEntry(piece.attempt, seq, storable(piece.text), piece.finished, piece.resumed)
             # An explicit id: a stale run's entries, older than the stream's newest, are refused.
             pipe.xadd(key, entry.fields(), id=entry.entry_id)
             pipe.publish(channel_key(piece.job_id), entry.message())

@@ -70,6 +70,35 @@ async def submit(
     return await run_in_threadpool(_submit_once, service, job, caller, idempotency_key)
 
 
+async def replay(service: Service, caller: Caller, job_id: str) -> Job:
+    """A new job asking what ``job_id`` asked, with its seed: its view compares their tokens (404 for
+    another key's job, or one deleted or expired). It counts against the key's limits as any job does."""
+    original = await run_in_threadpool(get, service, caller, job_id)
+    entry = service.models.generating(original.model)  # still served, and a chat model (not embeddings)
+    now = utcnow()
+    job = Job(
+        status=JobStatus.QUEUED,
+        model=entry.name,
+        priority=original.priority,
+        prompt=original.prompt,
+        messages=original.messages,
+        prompt_token_ids=original.prompt_token_ids,
+        prompt_tokens=original.prompt_tokens,
+        params=original.params,
+        meta=original.meta,
+        replay_of=original.id,
+        key_id=caller.key_id,
+        queued_at=now,
+        published_at=now,
+        expires_at=deadline(now, service.settings),
+    )
+    if caller.limits is not None:
+        await run_in_threadpool(service.limiter.request, caller)
+        await run_in_threadpool(admit_tokens, service, caller, job.prompt_tokens + job.params["max_tokens"])
+    await service.submitter.submit(job, caller)
+    return job
+
+
 def admit_tokens(service: Service, caller: Caller, tokens: int) -> None:
     """Room for one more active job of the caller's key at first look (the write counts again, exactly),
     then its tokens charged (429 if not)."""

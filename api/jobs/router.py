@@ -11,7 +11,7 @@ from api.http.auth import CallerDep
 from api.http.caller import OPEN
 from api.http.responses import DATABASE_DOWN, INVALID, MODEL_REFUSED, InvalidOut, error, not_found
 from api.jobs import queries as jobs
-from api.jobs.schemas import JobDeleted, JobList, JobOut, JobRequest
+from api.jobs.schemas import JobDeleted, JobList, JobOut, JobRequest, Manifest
 from api.jobs.streams import encoded, job_events
 from api.jobs.waiting import wait_preference
 from core.models import Job
@@ -113,6 +113,28 @@ def get_job(job_id: str, service: ServiceDep, caller: CallerDep) -> JobOut:
 def get_job_request(job_id: str, service: ServiceDep, caller: CallerDep) -> JobRequest:
     job = jobs.get(service, caller, job_id)
     return JobRequest(prompt=job.prompt, messages=job.messages, prompt_tokens=job.prompt_tokens)
+
+
+@router.get(
+    "/{job_id}/manifest",
+    summary="What a job ran and produced: model and tokenizer digests, version, numerics, effective "
+    "parameters with the seed, prompt and output token ids",
+    responses=NOT_FOUND,
+)
+def get_job_manifest(job_id: str, service: ServiceDep, caller: CallerDep) -> Manifest:
+    return Manifest.of(jobs.get(service, caller, job_id))
+
+
+@router.post(
+    "/{job_id}/replay",
+    status_code=202,
+    summary="Run a job again with the same request and seed; the new job's `replay` compares their tokens",
+    responses={202: {"headers": LOCATION}, **NOT_FOUND},
+)
+async def replay_job(job_id: str, response: Response, service: ServiceDep, caller: CallerDep) -> JobOut:
+    job = await jobs.replay(service, caller, job_id)
+    response.headers["Location"] = f"{router.prefix}/{job.id}"
+    return JobOut.of(job)
 
 
 async def _existing(job_id: str, service: ServiceDep, caller: CallerDep) -> Job:

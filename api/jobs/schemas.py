@@ -7,10 +7,11 @@ from datetime import datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
+from sqlalchemy import inspect
 
 from core.choices import choices_of
 from core.models import Job
-from core.states import JobStatus
+from core.states import TERMINAL, JobStatus
 from core.timings import timings
 
 
@@ -64,6 +65,91 @@ class ChoiceOut(BaseModel):
         ]
 
 
+class RunOut(BaseModel):
+    attempt: int
+    resumed_from_token: int = Field(description="output tokens of the earlier run it went on from; 0: none")
+
+
+class ReplayOut(BaseModel):
+    """How a replay's tokens compare with its original's (``POST /v1/jobs/{id}/replay``)."""
+
+    replay_of: str = Field(description="the job it replays")
+    identical: bool | None = Field(
+        description="every choice's output token ids equal the original's; null until both have ended "
+        "(or the original is gone)"
+    )
+    first_divergence: int | None = Field(description="the first output token index where they differ")
+    same_model: bool | None = Field(
+        description="served by a model with the same content digest; false: a different model (an "
+        "upgrade, say), which explains a divergence"
+    )
+
+    @classmethod
+    def compare(cls, job: Job) -> "ReplayOut | None":
+        if job.replay_of is None:
+            return None
+        # a job just made here was never loaded with its original, and has not ended anyway
+        original = None if "original" in inspect(job).unloaded else job.original
+        if original is None or original.status not in TERMINAL or job.status not in TERMINAL:
+            return cls(replay_of=job.replay_of, identical=None, first_divergence=None, same_model=None)
+        digests = [(j.served_by or {}).get("model_digest") for j in (job, original)]
+        divergence = first_divergence(original.choice_token_ids, job.choice_token_ids)
+        same = None if None in digests else digests[0] == digests[1]
+        return cls(
+            replay_of=job.replay_of,
+            identical=divergence is None,
+            first_divergence=divergence,
+            same_model=same,
+        )
+
+
+def first_divergence(original: list[list[int]], replay: list[list[int]]) -> int | None:
+    """The first token index where some choice differs (a missing choice differs at 0); None: identical."""
+    firsts = []
+    for i in range(max(len(original), len(replay))):
+        a = original[i] if i < len(original) else None
+        b = replay[i] if i < len(replay) else None
+        if a is None or b is None:
+            firsts.append(0)
+        elif a != b:
+            firsts.append(
+                next((k for k, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+            )
+    return min(firsts, default=None)
+
+
+class Manifest(BaseModel):
+    """What a job ran and produced, enough to reproduce and audit it (``GET /v1/jobs/{id}/manifest``)."""
+
+    job_id: str
+    status: JobStatus
+    model: str = Field(description="the served model's name")
+    served_by: dict[str, Any] | None = Field(
+        description="what served its last run: model_digest (sha256 over the weight files), "
+        "tokenizer_digest, pagedq_version, device, dtype, quantization, kernel_backend, batch_invariant; "
+        "null before a worker claimed it"
+    )
+    params: dict[str, Any] = Field(description="the effective sampling parameters, its seed included")
+    prompt_token_ids: list[int]
+    output_token_ids: list[list[int]] = Field(
+        description="each choice's output token ids (while running: the first choice's flushed so far)"
+    )
+    replay_of: str | None
+
+    @classmethod
+    def of(cls, job: Job) -> "Manifest":
+        return cls(
+            job_id=job.id,
+            status=job.status,
+            model=job.model,
+            served_by=job.served_by,
+            params=job.params,
+            prompt_token_ids=job.prompt_token_ids,
+            output_token_ids=job.choice_token_ids,
+            replay_of=job.replay_of,
+        )
+
+
 class JobOut(BaseModel):
     """A job as the API reports it; ``output`` grows while it runs (flushed about once a second)."""
 
@@ -84,6 +170,10 @@ class JobOut(BaseModel):
     error: str | None
     cancel_requested: bool
     attempt: int = Field(description="how many times a worker has claimed it")
+    runs: list[RunOut] = Field(
+        description="each claim: its attempt and resumed_from_token, how many output tokens of the run "
+        "before it went on from (0: it started from scratch)"
+    )
     worker_id: str | None = Field(description="the worker that claimed it last")
     usage: Usage
     timings: Timings
@@ -95,6 +185,7 @@ class JobOut(BaseModel):
         description="when it is deleted, if it has ended by then; null: kept (a batch's job: with its batch)"
     )
     hint: str | None = Field(None, description="what may explain a surprising result, when something may")
+    replay: ReplayOut | None = Field(None, description="a replay's comparison with the job it replays")
 
     @classmethod
     def of(cls, job: Job) -> "JobOut":
@@ -116,6 +207,7 @@ class JobOut(BaseModel):
             error=job.error,
             cancel_requested=job.cancel_requested,
             attempt=job.attempt,
+            runs=[RunOut(**run) for run in job.runs or []],
             worker_id=job.worker_id,
             usage=Usage(
                 prompt_tokens=job.prompt_tokens,
@@ -128,6 +220,7 @@ class JobOut(BaseModel):
             deadline_at=job.deadline_at,
             expires_at=job.expires_at,
             hint=hint(job),
+            replay=ReplayOut.compare(job),
         )
 
 

@@ -1,7 +1,8 @@
 """``GET /v1/jobs/{id}/events``: a job's text as it is produced, then the finished job.
 
 Events: ``delta`` ``{"text"}`` for each new piece (first everything produced so far), ``restart``
-``{"attempt"}`` when a requeued job starts over, and finally ``job`` with the job as ``GET`` returns it.
+``{"attempt"}`` when a requeued job starts over (one that resumes from its flushed tokens continues, with
+no event), and finally ``job`` with the job as ``GET`` returns it.
 With Redis the pieces come as the worker publishes them (``api/jobs/live.py``), after what its Redis stream
 already holds (the worker streams a run once a reader follows it, its first entry all the text so far);
 without (the embedded mode), and for a job that has ended, from the job row's output, which the worker
@@ -10,8 +11,9 @@ flushes every flush interval.
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import aclosing
+from dataclasses import dataclass
 
 from fastapi.sse import ServerSentEvent, format_sse_event
 from pydantic import BaseModel
@@ -24,6 +26,7 @@ from api.jobs.live import LiveStreams
 from api.jobs.schemas import JobOut
 from core.models import Job
 from core.states import TERMINAL
+from core.streams import StreamEntry
 
 
 async def job_events(service: Service, job: Job) -> AsyncIterator[ServerSentEvent]:
@@ -36,21 +39,40 @@ async def job_events(service: Service, job: Job) -> AsyncIterator[ServerSentEven
         yield event
 
 
+@dataclass
+class Continuation:
+    """What a reader sends of each entry: a new run that starts over is a ``restart``; one that resumes
+    repeats the text so far before going on, so what the reader has sent of it is skipped."""
+
+    attempt: int | None = None
+    sent: int = 0  # characters sent, of the current text
+    skip: int = 0  # characters of the resumed run's text still to skip
+
+    def take(self, entry: StreamEntry) -> Iterator[ServerSentEvent]:
+        if self.attempt is not None and entry.attempt != self.attempt:
+            if entry.resumed:
+                self.skip = self.sent
+            else:
+                yield ServerSentEvent(event="restart", data={"attempt": entry.attempt})
+                self.sent = self.skip = 0
+        self.attempt = entry.attempt
+        text, self.skip = entry.text[self.skip :], max(self.skip - len(entry.text), 0)
+        if text:
+            self.sent += len(text)
+            yield ServerSentEvent(event="delta", data={"text": text})
+
+
 async def _from_stream(service: Service, live: LiveStreams, job_id: str) -> AsyncIterator[ServerSentEvent]:
-    attempt, streamed = None, False
+    reader = Continuation()
     async with aclosing(live.entries(job_id)) as entries:  # unsubscribes as soon as this ends
         async for entry in entries:
             if entry is not None:
-                if attempt is not None and entry.attempt != attempt:
-                    yield ServerSentEvent(event="restart", data={"attempt": entry.attempt})
-                attempt = entry.attempt
-                if entry.text:
-                    streamed = True
-                    yield ServerSentEvent(event="delta", data={"text": entry.text})
+                for event in reader.take(entry):
+                    yield event
             if entry is None or entry.end:
                 job = await _settled(service, job_id, wait=entry is not None)
                 if job.status in TERMINAL:
-                    if not streamed and job.output_text:  # the stream expired: send the output whole
+                    if not reader.sent and job.output_text:  # the stream expired: send the output whole
                         yield ServerSentEvent(event="delta", data={"text": job.output_text})
                     yield ServerSentEvent(event="job", data=JobOut.of(job))
                     return
@@ -67,7 +89,7 @@ async def _from_row(service: Service, job_id: str) -> AsyncIterator[ServerSentEv
     sent, attempt = "", None
     while True:
         job = await run_in_threadpool(jobs.get, service, OPEN, job_id)
-        if attempt is not None and job.attempt != attempt:
+        if attempt is not None and job.attempt != attempt and not resumed(job):
             yield ServerSentEvent(event="restart", data={"attempt": job.attempt})
             sent = ""
         attempt = job.attempt
@@ -78,6 +100,11 @@ async def _from_row(service: Service, job_id: str) -> AsyncIterator[ServerSentEv
             yield ServerSentEvent(event="job", data=JobOut.of(job))
             return
         await asyncio.sleep(service.settings.flush_interval)
+
+
+def resumed(job: Job) -> bool:
+    """Whether the job's current run goes on from an earlier one's tokens (its text is kept)."""
+    return bool(job.runs) and job.runs[-1]["resumed_from_token"] > 0
 
 
 async def encoded(events: AsyncIterator[ServerSentEvent]) -> AsyncIterator[bytes]:

@@ -59,7 +59,9 @@ def _models(
     queued = dict(
         session.execute(
             select(Job.model, func.count()).where(Job.status == JobStatus.QUEUED, mine).group_by(Job.model)
-        ).tuples().all()
+        )
+        .tuples()
+        .all()
     )
     hour = now - timedelta(minutes=HOUR_MINUTES)
     tokens = dict(
@@ -67,7 +69,9 @@ def _models(
             select(Job.model, func.sum(Job.completion_tokens))
             .where(Job.finished_at >= hour, mine)
             .group_by(Job.model)
-        ).tuples().all()
+        )
+        .tuples()
+        .all()
     )
     return [
         ModelOut(

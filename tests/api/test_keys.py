@@ -199,6 +199,12 @@ def test_a_user_key_cannot_reach_another_keys_objects(
             f"/v1/jobs/{o['job']}/cancel", headers=h
         ),
         ("DELETE", "/v1/jobs/{job_id}"): lambda h, o: client.delete(f"/v1/jobs/{o['job']}", headers=h),
+        ("GET", "/v1/jobs/{job_id}/manifest"): lambda h, o: client.get(
+            f"/v1/jobs/{o['job']}/manifest", headers=h
+        ),
+        ("POST", "/v1/jobs/{job_id}/replay"): lambda h, o: client.post(
+            f"/v1/jobs/{o['job']}/replay", headers=h
+        ),
         ("GET", "/v1/jobs/{job_id}/request"): lambda h, o: client.get(
             f"/v1/jobs/{o['job']}/request", headers=h
         ),

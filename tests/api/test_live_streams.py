@@ -16,6 +16,7 @@ import redis
 
 from api.jobs import live
 from api.jobs.live import LiveStreams
+from api.jobs.streams import Continuation
 from core.streams import WATCH_TTL_S, WATCHED_KEY, StreamEntry, announce_reader, channel_key, stream_key
 from tests.support.services import async_wait_for, redis_url, wait_for
 from worker.streamer import TokenStreamer
@@ -252,3 +253,39 @@ def test_a_reader_announces_itself_until_it_leaves(url: str, job_id: str) -> Non
 def read_stream(url: str, job_id: str) -> list[StreamEntry]:
     entries = redis.Redis.from_url(url).xrange(stream_key(job_id))
     return [StreamEntry.from_stream(entry_id, fields) for entry_id, fields in entries]
+
+
+def test_a_resumed_runs_first_entry_says_so_on_the_channel_and_in_the_stream(
+    url: str, job_id: str, streamer: TokenStreamer
+) -> None:
+    async def scenario(streams: LiveStreams) -> list[StreamEntry]:
+        reader = asyncio.create_task(read_until_end(streams, job_id))
+        await subscribed(url, job_id)
+        streamer.put(job_id, 1, "first", finished=False)  # then its worker dies
+        wait_for(lambda: stream_length(url, job_id) == 1, 5, "the first run")
+        streamer.put(job_id, 2, "fir", finished=False, resumed=True)  # the text flushed before the crash
+        streamer.put(job_id, 2, "st run", finished=True)
+        return await reader
+
+    read = with_live_streams(url, scenario)
+    assert [(e.attempt, e.text, e.resumed) for e in read] == [
+        (1, "first", False),
+        (2, "fir", True),
+        (2, "st run", False),
+    ]
+    stored = redis.Redis.from_url(url).xrange(stream_key(job_id))
+    assert [StreamEntry.from_stream(i, f).resumed for i, f in stored] == [False, True, False]
+
+
+def test_a_reader_continues_a_resumed_run_and_starts_a_restarted_one_over() -> None:
+    reader = Continuation()
+
+    def events(entry: StreamEntry) -> list[tuple[str, dict]]:
+        return [(e.event, e.data) for e in reader.take(entry)]
+
+    assert events(StreamEntry(1, 1, "Hello wor")) == [("delta", {"text": "Hello wor"})]
+    # the new run repeats the flushed "Hello" (less than was sent), then goes on: only "ld!" is new
+    assert events(StreamEntry(2, 1, "Hello", resumed=True)) == []
+    assert events(StreamEntry(2, 2, " wo")) == []
+    assert events(StreamEntry(2, 3, "rld!")) == [("delta", {"text": "ld!"})]
+    assert events(StreamEntry(3, 1, "Hi")) == [("restart", {"attempt": 3}), ("delta", {"text": "Hi"})]

@@ -138,8 +138,10 @@ def test_the_api_and_the_engine_judge_every_request_alike(params: dict[str, Any]
     ):
         spec = api_accepts(model, body)
         assert (spec is not None) == engine, (model.__name__, params)
-        if spec is not None:  # what the API stores is what the engine runs
-            assert SamplingParams(**spec.engine_params()) == SamplingParams(**params)
+        if spec is not None:  # what the API stores is what the engine runs, with a seed chosen if none
+            stored = spec.engine_params()
+            seed = stored["seed"] if params.get("seed") is None else params["seed"]
+            assert SamplingParams(**stored) == SamplingParams(**params | {"seed": seed})
 
 
 def openai_body(endpoint: str, params: dict[str, Any]) -> dict[str, Any]:
@@ -247,6 +249,12 @@ def test_the_contract_imports_neither_torch_nor_pydantic_nor_the_service() -> No
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     roots = {name.split(".")[0] for name in loaded.split()}
     assert not roots & {"torch", "pydantic", "sqlalchemy", "transformers", "core", "api", "worker", "kernels"}
+
+
+def test_an_unseeded_request_gets_a_seed_of_its_own_and_a_seeded_one_keeps_its_own() -> None:
+    seeds = {JobSpec(prompt="hi", temperature=0.7).engine_params()["seed"] for _ in range(8)}
+    assert len(seeds) == 8 and all(0 <= seed < 2**63 for seed in seeds)
+    assert JobSpec(prompt="hi", seed=7).engine_params()["seed"] == 7
 
 
 def test_model_defaults_fill_only_what_a_request_left_out() -> None:

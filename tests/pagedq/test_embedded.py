@@ -9,6 +9,7 @@ import httpx
 from core.settings import Settings
 from pagedq.up import READY
 from tests.support.services import Process, free_port, service_env, wait_for
+from worker.engine import LLM, SamplingParams
 
 
 def start_up(settings: Settings, log: Path, key: str = "") -> tuple[Process, httpx.Client]:
@@ -76,6 +77,13 @@ def test_pagedq_up_runs_jobs_on_sqlite_and_they_survive_a_restart(tiny_llama: Pa
         )
         final = client.get(f"/v1/jobs/{long['id']}").json()
         assert final["attempt"] == 2 and final["usage"]["completion_tokens"] == 1000
+        # it went on from the tokens flushed before the restart, and ended as one run would have
+        assert 0 < final["runs"][-1]["resumed_from_token"] < 1000
+        assert len(final["timings"]["token_times_ms"]) == 1000
+        manifest = client.get(f"/v1/jobs/{long['id']}/manifest").json()
+        llm = LLM(str(tiny_llama), device="cpu", dtype="float32", kv_cache_bytes=64 * 2**20)
+        [whole] = llm.generate([manifest["prompt_token_ids"]], SamplingParams(**manifest["params"]))
+        assert manifest["output_token_ids"] == [whole.outputs[0].token_ids]
     finally:
         process.stop()
 

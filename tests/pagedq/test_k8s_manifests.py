@@ -40,4 +40,3 @@ def test_workers_and_scaled_objects_name_the_models_of_the_mounted_models_file(t
         assert metric and metric.group(1) == served_by[target]
         # Scaled from zero, so /readyz must not wait for one of its workers.
         assert models[served_by[target]].workers == 0 and scaler["spec"]["minReplicaCount"] == 0
-

@@ -173,7 +173,14 @@ class ScriptedEngine:
         self.aborted: list[str] = []
         self.tokenizer = SimpleNamespace(decode=lambda token_ids: "x")
 
-    def add_request(self, request_id: str, prompt: list[int], params: SamplingParams, priority: int) -> None:
+    def add_request(
+        self,
+        request_id: str,
+        prompt: list[int],
+        params: SamplingParams,
+        priority: int,
+        continue_from: list[int] | None = None,
+    ) -> None:
         self.requests.append(request_id)
         self.added.append(request_id)
 

@@ -11,6 +11,7 @@ from core.states import JobStatus
 from core.timings import joined, timings
 from worker.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from worker.results import Clock, JobResult
+from worker.store import Resume
 
 pytestmark = pytest.mark.fast
 
@@ -139,3 +140,30 @@ def test_derived_timings_round_to_the_microsecond() -> None:
         1000.0,
     )
     assert figures.mean_time_per_output_token_ms is None and figures.inter_token_ms == []
+
+
+def test_a_resumed_run_starts_from_the_earlier_runs_tokens_and_keeps_its_start() -> None:
+    started = datetime(2026, 1, 1, tzinfo=UTC)
+    earlier = Resume(
+        [1, 2], [100.0, 200.0], "ab", started, datetime(2026, 1, 1, 0, 0, 0, 100_000, tzinfo=UTC)
+    )
+    result = JobResult.of({"n": 1}, started=5.0, resume=earlier)
+    result.fold(step([], sample(0, "c", [3], "length")), TEXTS.get)  # the times of the new token aside
+    p = result.progress("job_1", 2, CLOCK, JobStatus.SUCCEEDED, "length")
+    assert (p.output_text, p.text_from, p.completion_tokens) == ("c", 2, 3)
+    assert (p.started_at, p.first_token_at) == (earlier.started_at, earlier.first_token_at)
+    assert p.output_token_ids == [[1, 2, 3]] and p.token_times_from == 2
+
+
+def test_each_flush_carries_the_first_choices_token_ids_beside_their_times_but_beams_do_not() -> None:
+    result = JobResult.of({"n": 2})
+    result.fold(step([10.1], sample(0, "a", [1]), sample(1, "b", [2])), TEXTS.get)
+    first = result.progress("job_1", 1, CLOCK)
+    assert (first.token_ids, first.token_times_ms) == ([1], [100.0])
+    result.written(first)
+    result.fold(step([10.2, 10.3], sample(0, "bc", [2, 3], "length"), sample(1, "", [], "length")), TEXTS.get)
+    final = result.progress("job_1", 1, CLOCK, JobStatus.SUCCEEDED, "length")
+    assert (final.token_ids, final.token_times_from, final.output_token_ids) == ([2, 3], 1, [[1, 2, 3], [2]])
+    beams = JobResult.of({"use_beam_search": True})
+    beams.fold(step([10.1], sample(0, "a", [1])), TEXTS.get)
+    assert beams.progress("job_1", 1, CLOCK).token_ids is None

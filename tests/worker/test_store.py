@@ -231,3 +231,67 @@ def test_a_long_jobs_flushes_carry_only_the_new_text(store: JobStore) -> None:
         event.remove(engine, "before_cursor_execute", record)
     assert get(store, job_id).output_text == piece * 50  # 30,000 characters written...
     assert len(sizes) == 50 and max(sizes) < 2 * len(piece)  # ...by statements as small as one piece
+
+
+def test_a_requeued_run_hands_its_flushed_tokens_to_the_next_and_that_one_to_the_one_after(
+    store: JobStore,
+) -> None:
+    job_id = add_job(store)
+    run = store.claim(job_id, "w1")
+    assert run is not None and run.resume is None
+    started = utcnow() - timedelta(seconds=5)
+    store.write(
+        [
+            Progress(
+                job_id, run.attempt, "ab", 2, token_times_ms=[1.0, 2.0], token_ids=[5, 6], started_at=started
+            )
+        ]
+    )
+    store.write(
+        [
+            Progress(
+                job_id,
+                run.attempt,
+                "c",
+                3,
+                token_times_ms=[3.0],
+                token_times_from=2,
+                token_ids=[7],
+                text_from=2,
+                started_at=started,
+            )
+        ]
+    )
+    for attempt in (2, 3):  # the second run dies before its first flush: the third goes on from the same
+        assert store.requeue(job_id, attempt - 1) == 0
+        again = store.claim(job_id, f"w{attempt}")
+        assert again is not None and again.attempt == attempt and again.resume is not None
+        resume = again.resume
+        assert (resume.token_ids, resume.times_ms, resume.text) == ([5, 6, 7], [1.0, 2.0, 3.0], "abc")
+        assert resume.started_at == started
+        job = get(store, job_id)
+        assert (job.output_text, job.completion_tokens, job.token_times_ms) == ("abc", 3, [1.0, 2.0, 3.0])
+        assert job.runs[-1] == {"attempt": attempt, "resumed_from_token": 3}
+    assert get(store, job_id).runs[0] == {"attempt": 1, "resumed_from_token": 0}
+
+
+@pytest.mark.parametrize("params", [{"n": 2}, {"logprobs": 1}, {"use_beam_search": True}])
+def test_runs_that_cannot_resume_start_over(store: JobStore, params: dict[str, Any]) -> None:
+    job_id = add_job(store)
+    with store.sessions.begin() as session:
+        session.execute(update(Job).where(Job.id == job_id).values(params={"max_tokens": 4} | params))
+    run = store.claim(job_id, "w1")
+    assert run is not None
+    store.write(
+        [
+            Progress(
+                job_id, run.attempt, "ab", 2, token_times_ms=[1.0, 2.0], token_ids=[5, 6], started_at=utcnow()
+            )
+        ]
+    )
+    assert store.requeue(job_id, run.attempt) == 0
+    again = store.claim(job_id, "w2")
+    assert again is not None and again.resume is None
+    job = get(store, job_id)
+    assert (job.output_text, job.completion_tokens, job.token_times_ms, job.started_at) == ("", 0, [], None)
+    assert job.runs[-1] == {"attempt": 2, "resumed_from_token": 0}

@@ -280,3 +280,61 @@ def test_jobs_engine_ms_add_up_to_the_workers_busy_time(service_settings, db, wo
     assert [u["engine_ms"] for u in usage] == [job.engine_ms for job in jobs]
     assert all(job.engine_ms > 0 for job in jobs)
     assert sum(job.engine_ms for job in jobs) == pytest.approx(stats["busy_ms"], rel=0.02)
+
+
+def test_a_killed_workers_jobs_resume_from_their_flushed_tokens_and_end_as_uninterrupted_runs(
+    service_settings, db, workers, tmp_path
+):
+    """kill -9 mid-run: the next worker goes on from the tokens the first one flushed (greedy, seeded, and
+    unseeded with the seed the API chose), and each job ends exactly as a run without the kill would."""
+    settings = service_settings.model_copy(update={"webhook_allow_private": True})
+    first = spawn(settings, db, workers, tmp_path)
+    max_tokens, hook = 400, "http://127.0.0.1:9/"
+    bodies = [
+        {"temperature": 0},
+        {"temperature": 1.0, "top_p": 0.9, "seed": 1234},
+        {"temperature": 0.8},
+    ]
+    with api_client(settings) as client:
+        ids = [
+            submit(
+                client, prompt=PROMPTS[i], max_tokens=max_tokens, ignore_eos=True, webhook_url=hook, **body
+            )
+            for i, body in enumerate(bodies)
+        ]
+        wait_for(
+            lambda: (
+                all(0 < j.completion_tokens < max_tokens // 2 for j in db.jobs(ids))
+                or any(j.completion_tokens >= max_tokens // 2 for j in db.jobs(ids))
+            ),
+            120,
+            "every job to flush some of its tokens",
+        )
+        first.kill()
+        before = db.jobs(ids)
+        assert all(job.status == "running" and job.completion_tokens > 0 for job in before), before
+        spawn(settings, db, workers, tmp_path)
+        jobs = db.wait_until(ids, {"succeeded"}, timeout=240)
+        views = [client.get(f"/v1/jobs/{job_id}").json() for job_id in ids]
+
+    llm = LLM(settings.model, device="cpu", dtype="float32", kv_cache_bytes=64 * 2**20)
+    for job, earlier, view in zip(jobs, before, views, strict=True):
+        reference = llm.generate([job.prompt_token_ids], SamplingParams(**job.params))[0].outputs[0]
+        assert job.output_token_ids == [reference.token_ids]
+        assert job.output_text == storable(reference.text)
+        assert job.completion_tokens == max_tokens == len(job.token_times_ms)
+        resumed_from = earlier.completion_tokens
+        assert job.runs == [
+            {"attempt": 1, "resumed_from_token": 0},
+            {"attempt": 2, "resumed_from_token": resumed_from},
+        ]
+        assert view["runs"] == job.runs and view["usage"]["completion_tokens"] == max_tokens
+        assert job.token_times_ms[:resumed_from] == earlier.token_times_ms  # the earlier run's times stay
+        assert (job.started_at, job.first_token_at) == (earlier.started_at, earlier.first_token_at)
+    assert jobs[2].params["seed"] is not None  # chosen at submission: the resumed run sampled with it
+    with db.sessions() as session:
+        for job_id in ids:
+            events = session.scalars(
+                select(WebhookDelivery.event_type).where(WebhookDelivery.job_id == job_id)
+            )
+            assert list(events) == ["job.succeeded"]

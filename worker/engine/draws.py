@@ -6,8 +6,6 @@ The function is splitmix64's finaliser chained over the three counters (integer 
 the same bits on every machine and device); its top 53 bits are the uniform draw in [0, 1).
 """
 
-import secrets
-
 _MASK = (1 << 64) - 1
 _GOLDEN = 0x9E3779B97F4A7C15
 
@@ -25,9 +23,3 @@ def uniform(seed: int, choice: int, position: int) -> float:
     z = _mix((z ^ (choice + 2 * _GOLDEN)) & _MASK)
     z = _mix((z ^ (position + 3 * _GOLDEN)) & _MASK)
     return (z >> 11) * 2.0**-53
-
-
-def new_seed() -> int:
-    """A seed for a request that set none (in ``SamplingParams.seed``'s range), reported in its output so
-    that it can be replayed."""
-    return secrets.randbits(63)

@@ -11,12 +11,11 @@ from transformers import AutoTokenizer, GenerationConfig, PreTrainedTokenizerBas
 
 from contract.context import context_problem, max_model_len, step_problem
 from contract.engine import EngineConfig
-from contract.sampling import SamplingParams
+from contract.sampling import SamplingParams, new_seed
 from worker.engine.beam_search import BeamSearcher
 from worker.engine.block_manager import BlockManager
 from worker.engine.default_model import resolve_model
 from worker.engine.detokenizer import IncrementalDetokenizer
-from worker.engine.draws import new_seed
 from worker.engine.grammar import Grammars
 from worker.engine.model.model_config import ModelConfig
 from worker.engine.model_runner import ModelRunner, resolve_device
@@ -38,6 +37,15 @@ class EngineStats:
     busy_time: float = 0.0  # seconds spent in steps that ran the model, since the engine started
 
 
+def resume_problem(resumed: list[int], params: SamplingParams, vocab_size: int) -> str | None:
+    """Why a request cannot continue from ``resumed`` (an earlier run's output tokens), or None."""
+    if params.num_sequences > 1 or params.use_beam_search or params.logprobs is not None:
+        return "only a single sample without logprobs continues from earlier tokens"
+    if max(resumed) >= vocab_size or min(resumed) < 0:
+        return f"token ids must be in [0, {vocab_size})"
+    return None
+
+
 @dataclass
 class LLMEngine:
     config: EngineConfig
@@ -50,7 +58,7 @@ class LLMEngine:
     def __post_init__(self) -> None:
         on_gpu = resolve_device(self.config.device).type == "cuda"
         self.config = replace(self.config, max_num_batched_tokens=self.config.step_budget(on_gpu))
-        path = resolve_model(self.config.model, gguf=self.config.quantization == "gguf")
+        path = self.model_path = resolve_model(self.config.model, gguf=self.config.quantization == "gguf")
         self.model_config = ModelConfig.from_pretrained(path)
         self.max_model_len = max_model_len(self.model_config.hf_config.to_dict(), self.config.max_model_len)
         self.tokenizer: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(path)
@@ -90,8 +98,15 @@ class LLMEngine:
         prompt: str | list[int],
         params: SamplingParams | None = None,
         priority: int = 0,
+        continue_from: list[int] | None = None,
     ) -> None:
-        """Queue a request. Raises ValueError at once when it can never be served."""
+        """Queue a request. Raises ValueError at once when it can never be served.
+
+        ``continue_from``: output tokens an earlier run of the same request produced (a resume after a
+        crash). The request goes on from them as if it had generated them: they are prefilled with the
+        prompt, its constraint consumes them, its stop rules see them, and its outputs report only what
+        comes after them. With the same seed, what follows is what the earlier run would have produced.
+        A single sample only (not n > 1, beam search or logprobs, whose earlier state is not kept)."""
         params = params or SamplingParams()
         if params.seed is None:  # every request samples from a seed, reported in its outputs for replays
             params = copy.copy(params)  # not the caller's; replace() would validate it again
@@ -100,17 +115,44 @@ class LLMEngine:
             raise ValueError(f"request {request_id!r} already exists")
         token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         self._check_fits(request_id, token_ids, params)
+        resumed = list(continue_from or [])
+        if resumed and (problem := resume_problem(resumed, params, self.model_config.vocab_size)):
+            raise ValueError(f"request {request_id!r}: {problem}")
         request = Request(
             request_id, prompt if isinstance(prompt, str) else None, token_ids, params, priority
         )
+        request.resumed = resumed
         request.sequences.append(self._new_sequence(request, 0))
         self.requests[request_id] = request
         if params.structured is None:
-            self.scheduler.add(request.sequences[0])
+            self._start(request)
             return
         request.grammar = self.grammars.compile(params.structured)
         request.compile_deadline = time.monotonic() + self.config.grammar_compile_timeout
         self.compiling.append(request)
+
+    def _start(self, request: Request) -> RequestOutput | None:
+        """Schedule a request's first sequence, advanced over its earlier run's tokens if it continues one.
+        Returns its failed output if its constraint refuses those tokens."""
+        seq = request.sequences[0]
+        if request.resumed:
+            request.forked = True  # one sample: nothing to fork
+            for token in request.resumed:
+                if seq.matcher and (error := seq.matcher.accept(token)):
+                    return self._fail(request, error)
+                seq.token_ids.append(token)
+                if (reason := self._stop_reason(seq, token)) is not None:
+                    self._finish(seq, *reason)
+                    break
+            # What the earlier run reported of these tokens is not reported again.
+            seq.num_emitted_tokens = len(seq.output_token_ids)
+            seq.detokenizer.take_new_text(seq.is_finished)
+            if seq.is_finished:  # it had ended, its end unwritten: it ends at the next step
+                self.finished_outside_step.append(self._output(request, [seq]))
+                self.requests.pop(request.request_id, None)
+                return None
+        self.scheduler.add(seq)
+        return None
 
     def _check_fits(self, request_id: str, token_ids: list[int], params: SamplingParams) -> None:
         if not token_ids:
@@ -213,7 +255,8 @@ class LLMEngine:
             assert future is not None
             if future.done() and future.exception() is None:
                 request.sequences[0].matcher = future.result().fork()
-                self.scheduler.add(request.sequences[0])
+                if (refused := self._start(request)) is not None:
+                    failed.append(refused)
             elif future.done() or time.monotonic() > request.compile_deadline:
                 timeout = self.config.grammar_compile_timeout
                 late = f"the structured-output constraint took over {timeout:g} s to compile"

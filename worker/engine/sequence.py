@@ -97,6 +97,7 @@ class Request:
     grammar: "Future[Matcher] | None" = None  # its constraint compiling, until it is scheduled
     compile_deadline: float = 0.0
     error: str | None = None
+    resumed: list[int] = field(default_factory=list)  # output tokens of an earlier run it continues from
 
     @property
     def is_finished(self) -> bool:
