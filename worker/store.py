@@ -4,7 +4,7 @@ Every write to a job is conditional on the attempt that claimed it, so a stale d
 redelivered message, a worker presumed dead) can never overwrite what the current run wrote.
 """
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -25,6 +25,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Row
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -32,7 +33,7 @@ from core.choices import TokenLogprob
 from core.models import FRESH_RESULTS, Job, TokenTimes, Worker, storable, utcnow
 from core.states import JobStatus
 from core.webhooks import Outbox
-from worker.fair import fair_order
+from worker.fair import Prefixes, Submitted, fairest
 
 
 def database_away(error: BaseException) -> bool:
@@ -129,6 +130,17 @@ def append_token_times(dialect: str) -> Insert:
     )
 
 
+def _preferred(session: Session, rows: Submitted, best: Row[Any], prefixes: Prefixes) -> str:
+    """Fair share's step 5 among ``rows``, whose first by (prefix key, id) is ``best``."""
+    if best.prefix_key in prefixes.mine:
+        return best.id  # type: ignore[no-any-return]
+    if prefixes.mine and (mine := session.scalar(rows.mine(prefixes))) is not None:
+        return mine
+    if best.prefix_key is None or best.prefix_key not in prefixes.others:
+        return best.id  # type: ignore[no-any-return]
+    return session.scalar(rows.free(prefixes)) or best.id
+
+
 @dataclass
 class JobStore:
     sessions: sessionmaker[Session]
@@ -136,6 +148,7 @@ class JobStore:
     outbox: Outbox | None = None  # where a job's end is recorded as webhook events; None: nowhere
     max_attempts: int = 3  # runs a job may start; when the last one is abandoned too, the job fails
     fair_aging: float | None = None  # fair share's aging (worker/fair.py); None: a message claims its own job
+    prefix_aware: bool = False  # fair share's step 5 (worker/fair.py): runs holding a prompt's prefix first
 
     @property
     def fair(self) -> bool:
@@ -145,19 +158,23 @@ class JobStore:
         """The job that the message for ``job_id`` claims: with fair share, the fairest queued job of the
         model but those in ``skip`` (being claimed or run here), or None when there is none (the message is
         a spare ticket); without, its own. Jobs being claimed count as their key's running ones, so threads
-        claiming at once share too."""
+        claiming at once share too. With prefix-aware order, among the rows submitted with the fairest
+        job: one whose prefix this worker's runs hold, else one no other worker's runs hold."""
         if self.fair_aging is None:
             return job_id
-        ours = (Job.model == self.model,)
         with self.sessions() as session:
             held_here = or_(Job.status == JobStatus.RUNNING, Job.id.in_(skip))
-            running = select(Job.key_id, func.count()).where(*ours, held_here)
-            held = {key: count for key, count in session.execute(running.group_by(Job.key_id)).all()}
-            queued = (Job.status == JobStatus.QUEUED, Job.cancel_requested.is_(False), Job.id.not_in(skip))
-            fairest = (
-                select(Job.id).where(*ours, *queued).order_by(*fair_order(held, self.fair_aging)).limit(1)
-            )
-            return session.scalar(fairest)
+            running = select(Job.id, Job.key_id, Job.prefix_key).where(Job.model == self.model, held_here)
+            rows = session.execute(running).all()
+            held = Counter(row.key_id for row in rows)
+            indexed = session.get_bind().dialect.name == "postgresql"
+            best = session.execute(fairest(self.model, skip, held, self.fair_aging, indexed)).one_or_none()
+            if best is None or not self.prefix_aware:
+                return None if best is None else best.id
+            mine = frozenset(r.prefix_key for r in rows if r.id in skip and r.prefix_key is not None)
+            others = frozenset(r.prefix_key for r in rows if r.id not in skip and r.prefix_key is not None)
+            submitted = Submitted(self.model, skip, *best[2:], indexed)
+            return _preferred(session, submitted, best, Prefixes(mine, others))
 
     def claim(self, job_id: str, worker_id: str, retry: bool = False) -> ClaimedJob | None:
         """Take a queued job for a new attempt; None when it is not queued (done, cancelled, taken).
