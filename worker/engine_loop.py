@@ -7,7 +7,8 @@ into the registry (worker/flights.py), which the flusher writes, and hands new t
 import logging
 import queue
 import threading
-from collections.abc import Callable
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
@@ -18,6 +19,8 @@ from worker.flights import Flight, Flights
 from worker.streamer import TokenStreamer
 
 logger = logging.getLogger("pagedq.worker")
+
+RECENT_PREFIXES = 256  # the prefix keys of the last runs added, checked against the cache after each step
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,7 @@ class Engine(Protocol):
     def has_unfinished_requests(self) -> bool: ...
     def step(self) -> list[RequestOutput]: ...
     def stats(self) -> EngineStats: ...
+    def cached_prefixes(self, keys: Iterable[int]) -> list[int]: ...
 
 
 E = TypeVar("E", bound=Engine)
@@ -67,6 +71,8 @@ class EngineLoop(Generic[E]):
         self._stats: dict[str, float] = {}
         self._peak_running = 0
         self._token_texts: dict[int, str] = {}
+        self._recent_prefixes: OrderedDict[int, None] = OrderedDict()  # of the runs added, newest last
+        self._held_prefixes: frozenset[int] = frozenset()
         self._thread = threading.Thread(target=self._run, name="pagedq-engine", daemon=True)
 
     def start(self) -> None:
@@ -96,6 +102,11 @@ class EngineLoop(Generic[E]):
     def stats(self) -> dict[str, float]:
         """The engine's stats after its last step, for the worker's heartbeat."""
         return dict(self._stats) or {"num_running": 0, "num_waiting": 0, "kv_cache_usage": 0.0}
+
+    def held_prefixes(self) -> frozenset[int]:
+        """The prefix keys (jobs.prefix_key) of recent runs whose blocks the engine's cache holds, as of
+        its last step: what the claim prefers (worker/fair.py) and the heartbeat publishes."""
+        return self._held_prefixes
 
     def _run(self) -> None:
         try:
@@ -136,6 +147,11 @@ class EngineLoop(Generic[E]):
                 pass  # claimed while a step failed, and failed with it: it ends once, out of the engine
             case AddRun(flight):
                 job = flight.job
+                if job.prefix_key is not None:
+                    self._recent_prefixes[job.prefix_key] = None
+                    self._recent_prefixes.move_to_end(job.prefix_key)
+                    if len(self._recent_prefixes) > RECENT_PREFIXES:
+                        self._recent_prefixes.popitem(last=False)
                 try:
                     params = SamplingParams(**job.params)
                     self.engine.add_request(flight.request_id, job.prompt_token_ids, params, job.priority)
@@ -170,6 +186,7 @@ class EngineLoop(Generic[E]):
         self.engine.step()  # collects the aborts so the engine is empty again
 
     def _update_stats(self) -> None:
+        self._held_prefixes = frozenset(self.engine.cached_prefixes(self._recent_prefixes))
         stats = self.engine.stats()
         self._peak_running = max(self._peak_running, stats.num_running)
         self._stats = {

@@ -89,7 +89,12 @@ def run_worker(settings: Settings, ready_fd: int | None = None) -> None:
     connections = WorkerConnections.connect(settings)
     fair_aging = settings.fair_aging_seconds if settings.fair_share else None
     store = JobStore(
-        connections.job_sessions, settings.served_model_name, outbox, settings.max_attempts, fair_aging
+        connections.job_sessions,
+        settings.served_model_name,
+        outbox,
+        settings.max_attempts,
+        fair_aging,
+        settings.prefix_aware_order,
     )
     url = streams_url(settings)
     streamer = TokenStreamer(url) if url else None
@@ -156,7 +161,10 @@ def engine_host(
         connectivity=connectivity,
     )
     period = settings.heartbeat_period
-    heartbeat = Heartbeat(heartbeats, worker_id, period, loop.stats, flusher.writes_work, connectivity)
+    store.held_prefixes = loop.held_prefixes  # the claim prefers them; the heartbeat publishes them
+    heartbeat = Heartbeat(
+        heartbeats, worker_id, period, loop.stats, flusher.writes_work, connectivity, loop.held_prefixes
+    )
     claimer = Claimer(flights, store, worker_id, drain, loop.add, flusher.backoff, turns)
     return EngineHost(claimer, loop, flusher, heartbeat, health)
 

@@ -5,6 +5,7 @@ redelivered message, a worker presumed dead) can never overwrite what the curren
 """
 
 from collections import Counter, defaultdict
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -51,6 +52,7 @@ class ClaimedJob:
     params: dict[str, Any]
     priority: int
     in_batch: bool  # a batch's jobs are not streamed live: their output is read from the files
+    prefix_key: int | None = None  # contract/prefix.py
 
 
 @dataclass
@@ -149,17 +151,19 @@ class JobStore:
     max_attempts: int = 3  # runs a job may start; when the last one is abandoned too, the job fails
     fair_aging: float | None = None  # fair share's aging (worker/fair.py); None: a message claims its own job
     prefix_aware: bool = False  # fair share's step 5 (worker/fair.py): runs holding a prompt's prefix first
+    held_prefixes: Callable[[], frozenset[int]] = frozenset  # the prefix keys this worker's engine holds
 
     @property
     def fair(self) -> bool:
         return self.fair_aging is not None
 
-    def pick(self, job_id: str, skip: set[str]) -> str | None:
+    def pick(self, job_id: str, skip: set[str], worker_id: str = "") -> str | None:
         """The job that the message for ``job_id`` claims: with fair share, the fairest queued job of the
         model but those in ``skip`` (being claimed or run here), or None when there is none (the message is
         a spare ticket); without, its own. Jobs being claimed count as their key's running ones, so threads
         claiming at once share too. With prefix-aware order, among the rows submitted with the fairest
-        job: one whose prefix this worker's runs hold, else one no other worker's runs hold."""
+        job: one whose prefix this worker holds, else one that no other worker holds (``worker_id``: this
+        worker's row, whose published keys are not another's)."""
         if self.fair_aging is None:
             return job_id
         with self.sessions() as session:
@@ -171,10 +175,20 @@ class JobStore:
             best = session.execute(fairest(self.model, skip, held, self.fair_aging, indexed)).one_or_none()
             if best is None or not self.prefix_aware:
                 return None if best is None else best.id
-            mine = frozenset(r.prefix_key for r in rows if r.id in skip and r.prefix_key is not None)
-            others = frozenset(r.prefix_key for r in rows if r.id not in skip and r.prefix_key is not None)
             submitted = Submitted(self.model, skip, *best[2:], indexed)
-            return _preferred(session, submitted, best, Prefixes(mine, others))
+            return _preferred(session, submitted, best, self._prefixes(session, rows, skip, worker_id))
+
+    def _prefixes(
+        self, session: Session, running: list[Row[Any]], skip: set[str], worker_id: str
+    ) -> Prefixes:
+        """Held here: this worker's runs' prefix keys and its engine's cache; held elsewhere: the other
+        workers' runs' and what their heartbeats published."""
+        mine = {row.prefix_key for row in running if row.id in skip} | self.held_prefixes()
+        others = {row.prefix_key for row in running if row.id not in skip}
+        published = select(Worker.prefix_keys).where(Worker.model == self.model, Worker.id != worker_id)
+        for keys in session.scalars(published):
+            others.update(keys or ())
+        return Prefixes(frozenset(mine - {None}), frozenset(others - mine - {None}))
 
     def claim(self, job_id: str, worker_id: str, retry: bool = False) -> ClaimedJob | None:
         """Take a queued job for a new attempt; None when it is not queued (done, cancelled, taken).
@@ -189,7 +203,14 @@ class JobStore:
             update(Job)
             .where(Job.id == job_id, claimable, Job.cancel_requested.is_(False))
             .values(status=JobStatus.RUNNING, attempt=Job.attempt + 1, worker_id=worker_id, **FRESH_RESULTS)
-            .returning(Job.attempt, Job.prompt_token_ids, Job.params, Job.priority, Job.batch_id.is_not(None))
+            .returning(
+                Job.attempt,
+                Job.prompt_token_ids,
+                Job.params,
+                Job.priority,
+                Job.batch_id.is_not(None),
+                Job.prefix_key,
+            )
         )
         with self.sessions.begin() as session:
             row = session.execute(statement).one_or_none()
@@ -322,14 +343,13 @@ class JobStore:
 
     # --- liveness ---
 
-    def heartbeat(self, worker_id: str, stats: dict[str, float]) -> None:
-        now = utcnow()
+    def heartbeat(self, worker_id: str, stats: dict[str, float], prefix_keys: Collection[int] = ()) -> None:
+        now, keys = utcnow(), sorted(prefix_keys)
         with self.sessions.begin() as session:
-            found = session.execute(
-                update(Worker).where(Worker.id == worker_id).values(heartbeat_at=now, stats=stats)
-            ).rowcount
+            beat = {"heartbeat_at": now, "stats": stats, "prefix_keys": keys}
+            found = session.execute(update(Worker).where(Worker.id == worker_id).values(**beat)).rowcount
             if not found:
-                session.add(Worker(id=worker_id, model=self.model, heartbeat_at=now, stats=stats))
+                session.add(Worker(id=worker_id, model=self.model, **beat))
 
     def remove_worker(self, worker_id: str) -> None:
         with self.sessions.begin() as session:
