@@ -7,7 +7,7 @@ from typing import Any, Literal, get_type_hints
 from pydantic import create_model, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from contract.engine import EngineConfig
+from contract.engine import DEFAULT_EMBED_MODEL, EngineConfig
 from contract.sampling import MAX_N
 
 
@@ -30,6 +30,11 @@ class Settings(EngineSettings):
     service's. The defaults are the embedded mode: SQLite and a broker on local disk."""
 
     model_config = SettingsConfigDict(env_prefix="PAGEDQ_", extra="ignore")
+
+    # The models served (core/served_models.py): inline JSON or a .toml/.json file's path; unset: the chat
+    # model of PAGEDQ_MODEL and the embedding model of PAGEDQ_EMBED_MODEL ("" serves the chat model alone).
+    models: str = ""
+    embed_model: str = DEFAULT_EMBED_MODEL
 
     # Where jobs live and how they travel.
     data_dir: Path = default_data_dir()
