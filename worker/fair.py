@@ -123,6 +123,9 @@ class Submitted:
 
     def mine(self, prefixes: Prefixes) -> Select[tuple[str]]:
         """The first of them (by prefix key, id) whose prefix this worker holds: a probe per key."""
+        if not self.indexed:
+            held_here = self._rows().where(Job.prefix_key.in_(prefixes.mine))
+            return held_here.order_by(Job.prefix_key, Job.id).limit(1)
         held = values(column("key", BigInteger), name="held").data([(key,) for key in prefixes.mine])
         first = self._rows().where(Job.prefix_key == held.c.key).order_by(Job.id).limit(1).lateral("first")
         return select(first.c.id).select_from(held).join(first, true()).order_by(held.c.key).limit(1)

@@ -8,6 +8,7 @@ import random
 from collections import Counter
 from collections.abc import Iterator
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from sqlalchemy import or_, select, text
@@ -17,6 +18,7 @@ from core.db import make_db_engine, make_sessionmaker
 from core.models import Job, utcnow
 from core.settings import Settings
 from core.states import JobStatus
+from migrations import upgrade
 from tests.support.roles import MODEL
 from worker.fair import Prefixes, fair_order, fairest
 from worker.store import JobStore
@@ -27,6 +29,16 @@ AGING = 30.0
 @pytest.fixture
 def store(service_settings: Settings) -> Iterator[JobStore]:
     engine = make_db_engine(service_settings)
+    yield JobStore(make_sessionmaker(engine), MODEL, fair_aging=AGING)
+    engine.dispose()
+
+
+@pytest.fixture
+def sqlite_store(tmp_path: Path) -> Iterator[JobStore]:
+    """The embedded mode's database: the plain ordered query, and step 5 without the index."""
+    settings = Settings(database_url=f"sqlite:///{tmp_path}/pagedq.db", data_dir=tmp_path)
+    upgrade(settings)
+    engine = make_db_engine(settings)
     yield JobStore(make_sessionmaker(engine), MODEL, fair_aging=AGING)
     engine.dispose()
 
@@ -117,6 +129,12 @@ def test_the_pick_is_the_fairest_queued_job_as_every_row_ordered_would_say(store
     rng = random.Random(31 + prefix_aware)
     fill(store, rng, 160)
     assert claim_all(store, rng, prefix_aware) > 100
+
+
+def test_on_sqlite_too(sqlite_store):
+    rng = random.Random(7)
+    fill(sqlite_store, rng, 80)
+    assert claim_all(sqlite_store, rng, prefix_aware=True) > 50
 
 
 def test_a_batch_s_lines_run_by_prefix_key_those_held_here_first(store):
