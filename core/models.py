@@ -295,6 +295,10 @@ class Batch(Base):
     # output is written; ``retained_until`` is set when the batch ends (``expires_at`` is its window's end).
     output_expires_after: Mapped[int | None]
     retained_until: Mapped[datetime | None] = mapped_column(UTCDateTime, index=True)
+    # While it runs, every reconcile round (worker/estimates.py): when it should end at its model's measured
+    # rate, and since when that is past ``expires_at`` (its one ``batch.at_risk`` event was recorded then).
+    estimated_completion_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    at_risk_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
     __table_args__ = (Index("ix_batches_status", "status"),)
 

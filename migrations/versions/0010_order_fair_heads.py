@@ -1,6 +1,7 @@
 """the order a batch runs in: a job's prefix_key (its prompt's leading blocks, hashed as the engine's
-prefix cache does), each worker's published prefix_keys, and the index the claim's pick walks (a head per
-owner, priority and window instead of every queued row); rows made before: no prefix key
+prefix cache does), each worker's published prefix_keys, the index the claim's pick walks (a head per
+owner, priority and window instead of every queued row), and a batch's estimated_completion_at and
+at_risk_at; rows made before: none of them
 
 Revision ID: 0010_order_fair_heads
 Revises: 0009
@@ -31,6 +32,9 @@ FAIR_HEADS = [
 def upgrade() -> None:
     with op.batch_alter_table("jobs") as jobs:
         jobs.add_column(sa.Column("prefix_key", sa.BigInteger()))
+    with op.batch_alter_table("batches") as batches:
+        batches.add_column(sa.Column("estimated_completion_at", sa.DateTime(timezone=True)))
+        batches.add_column(sa.Column("at_risk_at", sa.DateTime(timezone=True)))
     with op.batch_alter_table("workers") as workers:
         workers.add_column(sa.Column("prefix_keys", sa.JSON().with_variant(postgresql.JSONB(), "postgresql")))
     if op.get_bind().dialect.name == "postgresql":
@@ -43,5 +47,8 @@ def downgrade() -> None:
         op.drop_index("ix_jobs_fair_heads", "jobs")
     with op.batch_alter_table("workers") as workers:
         workers.drop_column("prefix_keys")
+    with op.batch_alter_table("batches") as batches:
+        batches.drop_column("at_risk_at")
+        batches.drop_column("estimated_completion_at")
     with op.batch_alter_table("jobs") as jobs:
         jobs.drop_column("prefix_key")
