@@ -1,6 +1,6 @@
 """Jobs are keyed by their prompt's prefix at submission (contract/prefix.py): a batch's questions about one
-document share a key, another document's have another, a job of /v1/jobs is keyed alike; with
-``PAGEDQ_PREFIX_AWARE_ORDER=false`` none is."""
+document share a key, another document's have another, a line whose key no other line shares has none,
+a job of /v1/jobs is keyed alike; with ``PAGEDQ_PREFIX_AWARE_ORDER=false`` none is."""
 
 import json
 
@@ -12,7 +12,7 @@ from contract.prefix import prefix_key
 from core.models import Job
 from tests.support.jobs_client import api_client, submit
 
-DOCUMENTS = [" ".join(f"{word}{i}" for i in range(60)) for word in ("river", "mountain")]
+DOCUMENTS = [" ".join(f"{word}{i}" for i in range(60)) for word in ("river", "mountain", "meadow")]
 
 
 def batch(client: TestClient, prompts: list[str]) -> str:
@@ -38,12 +38,14 @@ def test_a_document_s_questions_share_a_prefix_key(service_settings, db, on):
     settings = service_settings.model_copy(update={"prefix_aware_order": on})
     questions = ["What flows here?", "Who lives there?"]
     with api_client(settings) as client:
-        batch_id = batch(client, [f"{doc}\n{q}" for doc in DOCUMENTS for q in questions])
+        prompts = [f"{doc}\n{q}" for doc in DOCUMENTS[:2] for q in questions]
+        batch_id = batch(client, [*prompts, f"{DOCUMENTS[2]}\n{questions[0]}"])  # one line of its own
         online = submit(client, prompt=f"{DOCUMENTS[0]}\nHow old is it?", max_tokens=2)
     lines, job = keyed(db, batch_id=batch_id), keyed(db, id=online)[0]
     keys = [line.prefix_key for line in lines]
     if not on:
-        assert keys == [None] * 4 and job.prefix_key is None
+        assert keys == [None] * 5 and job.prefix_key is None
         return
     assert keys[0] == keys[1] == job.prefix_key and keys[2] == keys[3] and keys[0] != keys[2], keys
     assert keys[0] == prefix_key(lines[0].prompt_token_ids, settings.block_size) is not None
+    assert keys[4] is None  # a key no other line shares is not stored: the line keeps its input order
