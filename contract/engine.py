@@ -10,6 +10,8 @@ DEFAULT_EMBED_MODEL = "all-minilm-l6-v2"  # the built-in embedding model (worker
 # step, and all-MiniLM-L6-v2 on 2,000 texts of 10-250 tokens ran 4096 fastest of 2048/4096/8192 (1.3-1.4x
 # 2048's texts/s; larger steps' activations outgrow the CPU caches). bench/embeddings.py --budgets.
 EMBED_MAX_NUM_BATCHED_TOKENS = 4096
+GPU_STEP_TOKENS = 2048  # a generation step's token budget on a GPU, when none is given
+CPU_STEP_TOKENS = 512  # and on the CPU
 
 
 @dataclass
@@ -28,9 +30,10 @@ class EngineConfig:
     # bound a GPU's batch; a worker also holds this many jobs at once.
     max_num_seqs: int = 256
     # Tokens per step: a prompt's prefill is chunked to this, and every running decode waits for the
-    # step. 2048 (vLLM's for its online server) keeps streams' inter-token latency low while a long prompt
-    # prefills; 4096 and 8192 measured no faster (bench/RESULTS.md).
-    max_num_batched_tokens: int = 2048
+    # step. None: by device (step_budget). On a GPU 2048 (vLLM's for its online server; 4096 and 8192
+    # measured no faster); on the CPU a 2048-token step of the default model took ~2.7 s, which every
+    # running stream waited for, so the CPU's is smaller (bench/prefill_itl.py, bench/RESULTS.md).
+    max_num_batched_tokens: int | None = None
     max_model_len: int | None = None  # defaults to the model's context length
     enable_prefix_caching: bool = True
     gpu_memory_utilization: float = 0.9
@@ -51,7 +54,7 @@ class EngineConfig:
             raise ValueError(f"block_size must be a power of two, got {self.block_size}")
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
-        if self.max_num_batched_tokens < 1:
+        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
             raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
@@ -61,3 +64,7 @@ class EngineConfig:
             raise ValueError(f"quantization must be 'none', 'fp16' or 'gguf', got {self.quantization!r}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
+
+    def step_budget(self, on_gpu: bool) -> int:
+        """A generation step's token budget: the one given, else the device's default."""
+        return self.max_num_batched_tokens or (GPU_STEP_TOKENS if on_gpu else CPU_STEP_TOKENS)

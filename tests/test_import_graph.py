@@ -161,10 +161,14 @@ def test_the_graph_sees_type_only_and_function_local_imports() -> None:
     assert "api.deps" in graph["api.http.auth"]  # current_caller's service dependency
     function_local = "pagedq.serve"  # imports the app inside a function, so `pagedq` starts fast
     assert "api.app" in graph[function_local]
-    probe = Module("probe.module", ROOT / "probe" / "module.py", ast.parse(
-        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from api.deps import Service\n"
-        "def f():\n    from . import sibling\n"
-    ))
+    probe = Module(
+        "probe.module",
+        ROOT / "probe" / "module.py",
+        ast.parse(
+            "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from api.deps import Service\n"
+            "def f():\n    from . import sibling\n"
+        ),
+    )
     assert {"api.deps.Service", "probe.sibling"} <= set(imported_names(probe))
     assert strongly_connected({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [{"a", "b", "c"}]
     assert cycle_path({"a": {"b"}, "b": {"c"}, "c": {"a"}}, {"a", "b", "c"}) == ["a", "b", "c", "a"]

@@ -14,6 +14,7 @@ BS = 4
 
 
 def scheduler(num_blocks: int, **config: int) -> Scheduler:
+    config.setdefault("max_num_batched_tokens", 2048)  # the engine resolves the device's default first
     return Scheduler(EngineConfig(block_size=BS, **config), BlockManager(num_blocks, BS))
 
 

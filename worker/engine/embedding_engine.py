@@ -11,12 +11,12 @@ import heapq
 import itertools
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerBase
 
-from contract.engine import EngineConfig
+from contract.engine import EMBED_MAX_NUM_BATCHED_TOKENS, EngineConfig
 from contract.pooling import EmbeddingParams, PoolingMode, token_limit
 from worker.engine.default_model import resolve_model
 from worker.engine.embedding_runner import make_runner
@@ -47,7 +47,8 @@ class EmbeddingStats:
 
 class EmbeddingEngine:
     def __init__(self, config: EngineConfig) -> None:
-        self.config = config
+        budget = config.max_num_batched_tokens or EMBED_MAX_NUM_BATCHED_TOKENS
+        self.config = replace(config, max_num_batched_tokens=budget)
         path = resolve_model(config.model)
         hf_config = AutoConfig.from_pretrained(path)
         encoder = hf_config.model_type in ENCODERS

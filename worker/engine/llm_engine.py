@@ -5,7 +5,7 @@ import logging
 import time
 from collections.abc import Iterable
 from concurrent.futures import FIRST_COMPLETED, wait
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from transformers import AutoTokenizer, GenerationConfig, PreTrainedTokenizerBase
@@ -20,7 +20,7 @@ from worker.engine.detokenizer import IncrementalDetokenizer
 from worker.engine.draws import new_seed
 from worker.engine.grammar import Grammars
 from worker.engine.model.model_config import ModelConfig
-from worker.engine.model_runner import ModelRunner
+from worker.engine.model_runner import ModelRunner, resolve_device
 from worker.engine.outputs import RequestOutput
 from worker.engine.sampler import Sampler, SamplingRow
 from worker.engine.scheduler import ScheduledBatch, Scheduler
@@ -49,6 +49,8 @@ class LLMEngine:
     busy_time: float = 0.0  # the sum of the steps' wall times; the requests' engine_time add up to it
 
     def __post_init__(self) -> None:
+        on_gpu = resolve_device(self.config.device).type == "cuda"
+        self.config = replace(self.config, max_num_batched_tokens=self.config.step_budget(on_gpu))
         path = resolve_model(self.config.model, gguf=self.config.quantization == "gguf")
         self.model_config = ModelConfig.from_pretrained(path)
         self.max_model_len = max_model_len(self.model_config.hf_config.to_dict(), self.config.max_model_len)

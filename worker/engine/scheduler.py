@@ -37,6 +37,10 @@ class Scheduler:
     running: dict[Sequence, None] = field(default_factory=dict)  # in admission order, O(1) removal
     num_preemptions: int = 0
 
+    def __post_init__(self) -> None:
+        if self.config.max_num_batched_tokens is None:  # the engine resolves it (EngineConfig.step_budget)
+            raise ValueError("the scheduler needs a step budget: max_num_batched_tokens is unresolved")
+
     def add(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING
         bisect.insort(self.waiting, seq, key=_sort_key)
