@@ -164,7 +164,7 @@ class Job(Base):
     # earliest deadline is claimed first (worker/fair.py); None: none, claimed after those that have one.
     deadline_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     # Its prompt's leading blocks, hashed as the engine's prefix cache does (contract/prefix.py): jobs with
-    # the same key share those blocks' KV, so the claim runs them together (worker/fair.py). None: too short.
+    # the same key share those blocks' KV, so a worker holding them claims them first (worker/fair.py).
     prefix_key: Mapped[int | None] = mapped_column(BigInteger)
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)  # claimed by a worker: running from then
     first_token_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
@@ -187,9 +187,15 @@ class Job(Base):
             "priority",
             text("coalesce(deadline_at - queued_at, interval '-1 second')"),
             "queued_at",
-            "prefix_key",
             "id",
             postgresql_where=text("status = 'queued' AND NOT cancel_requested"),
+        ).ddl_if(dialect="postgresql"),
+        # Step 5's probe for a held prefix among a batch's queued lines (worker/fair.py).
+        Index(
+            "ix_jobs_queued_prefix",
+            "prefix_key",
+            "id",
+            postgresql_where=text("status = 'queued' AND NOT cancel_requested AND prefix_key IS NOT NULL"),
         ).ddl_if(dialect="postgresql"),
     )
 

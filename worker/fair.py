@@ -11,19 +11,19 @@ Best first:
 4. ``queued_at``: first come, first served.
 5. With prefix-aware order (``PAGEDQ_PREFIX_AWARE_ORDER``), among the jobs submitted with the fairest one
    (its owner's, at its priority, window and queued_at: a batch's lines), those whose prefix key this
-   worker's runs hold, then those no other worker's runs hold, then the rest.
-6. ``prefix_key`` (NULL last), so that lines sharing a prompt prefix run one after another; a job has one
-   only if prefix-aware order was on when it was submitted (the API computes it, contract/prefix.py).
-7. id (a batch's lines: input order).
+   worker holds (its runs, its engine's cache), then those no other worker holds, then the rest. A worker
+   that claimed a document's first line so claims its other lines next: a batch runs document by
+   document, in the order of each document's first line, and two workers take different documents.
+6. id (a batch's lines: input order).
 
 How it is found without reading every queued row (PostgreSQL): queued jobs fall into groups of one owner,
 one priority and one window (``deadline_at - queued_at``: a job's completion_window, exactly, for jobs and
-batch lines alike). Within a group the order above is the order of (queued_at, prefix key, id): the aged
+batch lines alike). Within a group the order above is the order of (queued_at, id): the aged
 priority and the deadline only grow with queued_at, the owner's running jobs are one number. So the
 fairest job is the fairest of the groups' first rows. ``ix_jobs_fair_heads`` holds the queued jobs in
 exactly that order; the pick walks it group to group (a recursive skip scan, one index probe per group),
-takes each group's first row (and, with prefixes, its first row this worker holds and its first row no
-other worker holds, among the rows queued with it), and orders those few by the rule above. The cost is
+takes each group's first row, and orders those few by the rule above; step 5 then probes the fairest
+row's batch for a line whose key this worker holds (``ix_jobs_queued_prefix``, a probe per key). The cost is
 per group (owners x priorities x windows in the queue), not per queued job.
 """
 
@@ -92,7 +92,7 @@ def fair_order(
     order = [Job.priority + aged, held, Job.deadline_at.asc().nulls_last(), Job.queued_at]
     if prefixes is not None:
         order.append(prefixes.rank())
-    return [*order, Job.prefix_key.asc().nulls_last(), Job.id]
+    return [*order, Job.id]
 
 
 def fairest(
@@ -122,19 +122,18 @@ class Submitted:
     indexed: bool  # by GROUP, so that ix_jobs_fair_heads finds them (PostgreSQL)
 
     def mine(self, prefixes: Prefixes) -> Select[tuple[str]]:
-        """The first of them (by prefix key, id) whose prefix this worker holds: a probe per key."""
+        """The first of them whose prefix this worker holds: a probe per key."""
         if not self.indexed:
             held_here = self._rows().where(Job.prefix_key.in_(prefixes.mine))
-            return held_here.order_by(Job.prefix_key, Job.id).limit(1)
+            return held_here.order_by(Job.id).limit(1)
         held = values(column("key", BigInteger), name="held").data([(key,) for key in prefixes.mine])
         first = self._rows().where(Job.prefix_key == held.c.key).order_by(Job.id).limit(1).lateral("first")
-        return select(first.c.id).select_from(held).join(first, true()).order_by(held.c.key).limit(1)
+        return select(first.c.id).select_from(held).join(first, true()).order_by(first.c.id).limit(1)
 
     def free(self, prefixes: Prefixes) -> Select[tuple[str]]:
-        """The first of them (by prefix key, id) whose prefix no other worker holds."""
+        """The first of them whose prefix no other worker holds (skipping those the others hold)."""
         free = or_(Job.prefix_key.is_(None), Job.prefix_key.not_in(prefixes.others))
-        order = (Job.prefix_key.asc().nulls_last(), Job.id)
-        return self._rows().where(free).order_by(*order).limit(1)
+        return self._rows().where(free).order_by(Job.id).limit(1)
 
     def _rows(self) -> Select[tuple[str]]:
         if self.indexed:
@@ -164,6 +163,6 @@ def _heads(model: str, queued: list[ColumnElement[bool]]) -> Select[tuple[str]]:
     following = select(*named).where(*ours, after).order_by(*GROUP).limit(1).lateral("next_group")
     groups = groups.union_all(select(*following.c).select_from(groups).join(following, true()))
     in_group = (c == g for c, g in zip(GROUP, groups.c, strict=True))
-    order = (Job.queued_at, Job.prefix_key.asc().nulls_last(), Job.id)  # the index's, in a group
+    order = (Job.queued_at, Job.id)  # the index's, in a group
     head = select(Job.id).where(*queued, *in_group).order_by(*order).limit(1).lateral("head")
     return select(head.c.id).select_from(groups).join(head, true())

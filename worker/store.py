@@ -133,7 +133,7 @@ def append_token_times(dialect: str) -> Insert:
 
 
 def _preferred(session: Session, rows: Submitted, best: Row[Any], prefixes: Prefixes) -> str:
-    """Fair share's step 5 among ``rows``, whose first by (prefix key, id) is ``best``."""
+    """Fair share's step 5 among ``rows``, whose first (by id) is ``best``."""
     if best.prefix_key in prefixes.mine:
         return best.id  # type: ignore[no-any-return]
     if prefixes.mine and (mine := session.scalar(rows.mine(prefixes))) is not None:

@@ -19,7 +19,6 @@ from sqlalchemy.orm import Session
 from api.batches.bulk_insert import insert_jobs
 from api.batches.check import BadLines, CheckedLine
 from api.batches.lines import LineError
-from api.batches.prefixes import SharedPrefixes
 from api.batches.schemas import BatchIn, BatchOut
 from api.deps import Service
 from api.files.queries import find as find_file
@@ -27,9 +26,11 @@ from api.http.caller import Caller
 from api.http.limits import check_active, check_sizes, hold_keys
 from api.http.problems import Conflict, Invalid, Unavailable
 from api.jobs.queries import check_webhook_url
+from api.prompts.encoder import job_prefix_key
 from core.batches import cancel_unfinished, tally
 from core.models import FRESH_RESULTS, Batch, File, new_batch_id, utcnow
 from core.retention import batch_live, deadline, file_due
+from core.settings import Settings
 from core.states import BATCH_TERMINAL, BatchStatus, JobStatus
 from core.webhooks import publish_deliveries, record_event
 
@@ -122,9 +123,8 @@ def _start(service: Service, caller: Caller, batch: Batch, lines: Iterable[Check
     with service.sessions.begin() as session:
         session.add(batch)
         session.flush()
-        shared = SharedPrefixes(service.settings)
-        insert_jobs(session, _shared_by_jobs(batch), _job_rows(shared, prefix, caller, lines, ids))
-        shared.key_first_lines(session)
+        rows = _job_rows(service.settings, prefix, caller, lines, ids)
+        insert_jobs(session, _shared_by_jobs(batch), rows)
         batch.total = len(ids)
         if caller.key_id is not None and caller.limits is not None:
             hold_keys(session, [caller.key_id])  # counted after every other submission of the key
@@ -147,7 +147,7 @@ def _shared_by_jobs(batch: Batch) -> dict[str, Any]:
 
 
 def _job_rows(
-    shared: SharedPrefixes, prefix: str, caller: Caller, lines: Iterable[CheckedLine], ids: list[str]
+    settings: Settings, prefix: str, caller: Caller, lines: Iterable[CheckedLine], ids: list[str]
 ) -> Iterator[dict[str, Any]]:
     """One job per line, made as the insert takes them; their ids are appended to ``ids``. A line over
     the key's size limits refuses the batch (422; the transaction rolls back)."""
@@ -166,7 +166,7 @@ def _job_rows(
             "params": line.params,
             "meta": line.meta,
             "custom_id": line.custom_id,
-            "prefix_key": shared.key(job_id, line.prompt_token_ids),
+            "prefix_key": job_prefix_key(settings, line.prompt_token_ids),
         }
 
 

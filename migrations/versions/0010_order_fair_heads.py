@@ -24,9 +24,9 @@ FAIR_HEADS = [
     "priority",
     sa.text("coalesce(deadline_at - queued_at, interval '-1 second')"),
     "queued_at",
-    "prefix_key",
     "id",
 ]
+QUEUED = "status = 'queued' AND NOT cancel_requested"
 
 
 def upgrade() -> None:
@@ -38,12 +38,14 @@ def upgrade() -> None:
     with op.batch_alter_table("workers") as workers:
         workers.add_column(sa.Column("prefix_keys", sa.JSON().with_variant(postgresql.JSONB(), "postgresql")))
     if op.get_bind().dialect.name == "postgresql":
-        where = sa.text("status = 'queued' AND NOT cancel_requested")
-        op.create_index("ix_jobs_fair_heads", "jobs", FAIR_HEADS, postgresql_where=where)
+        op.create_index("ix_jobs_fair_heads", "jobs", FAIR_HEADS, postgresql_where=sa.text(QUEUED))
+        held = sa.text(f"{QUEUED} AND prefix_key IS NOT NULL")
+        op.create_index("ix_jobs_queued_prefix", "jobs", ["prefix_key", "id"], postgresql_where=held)
 
 
 def downgrade() -> None:
     if op.get_bind().dialect.name == "postgresql":
+        op.drop_index("ix_jobs_queued_prefix", "jobs")
         op.drop_index("ix_jobs_fair_heads", "jobs")
     with op.batch_alter_table("workers") as workers:
         workers.drop_column("prefix_keys")

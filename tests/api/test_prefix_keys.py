@@ -1,6 +1,6 @@
 """Jobs are keyed by their prompt's prefix at submission (contract/prefix.py): a batch's questions about one
-document share a key, another document's have another, a line whose key no other line shares has none,
-a job of /v1/jobs is keyed alike; with ``PAGEDQ_PREFIX_AWARE_ORDER=false`` none is."""
+document share a key, another document's have another, a job of /v1/jobs is keyed alike; with
+``PAGEDQ_PREFIX_AWARE_ORDER=false`` none is."""
 
 import json
 
@@ -48,4 +48,4 @@ def test_a_document_s_questions_share_a_prefix_key(service_settings, db, on):
         return
     assert keys[0] == keys[1] == job.prefix_key and keys[2] == keys[3] and keys[0] != keys[2], keys
     assert keys[0] == prefix_key(lines[0].prompt_token_ids, settings.block_size) is not None
-    assert keys[4] is None  # a key no other line shares is not stored: the line keeps its input order
+    assert keys[4] not in (None, keys[0], keys[2])

@@ -137,9 +137,10 @@ def test_on_sqlite_too(sqlite_store):
     assert claim_all(sqlite_store, rng, prefix_aware=True) > 50
 
 
-def test_a_batch_s_lines_run_by_prefix_key_those_held_here_first(store):
-    """One batch: lines of three prefixes, shuffled. Holding the middle prefix here, its lines come first,
-    then the first prefix's (held by no worker), then the last's (held by another worker)."""
+def test_a_batch_runs_prefix_by_prefix_those_held_here_first(store):
+    """One batch: lines of three prefixes, shuffled. Holding one prefix here, its lines come first; then,
+    of the two others, the one another worker does not hold, each run through once its first line is
+    claimed here; then the one the other worker holds."""
     store.prefix_aware = True
     now = utcnow()
     low, middle, high = 1, 2, 3
@@ -150,10 +151,11 @@ def test_a_batch_s_lines_run_by_prefix_key_those_held_here_first(store):
         for running in held:
             running.status = JobStatus.RUNNING
         session.add_all(lines + held)
-    order = []
-    while (picked := store.pick("any", {held[0].id})) is not None:
+    order, here = [], {held[0].id}
+    while (picked := store.pick("any", here)) is not None:
         order.append(next(line.prefix_key for line in lines if line.id == picked))
         assert store.claim(picked, "w") is not None
+        here.add(picked)  # running here: its prefix is this worker's
     assert order == [middle] * 4 + [low] * 4 + [high] * 4
 
 
