@@ -29,10 +29,11 @@ BLOCK = 16
 
 
 def pagedq_step(
-    path, batch: int, context: int, dtype: torch.dtype, quantization: str = "none"
+    path, batch: int, context: int, dtype: torch.dtype, quantization: str = "none", gguf_kernel: str = "float"
 ) -> Callable[[], object]:
     config = ModelConfig.from_pretrained(path)
-    model = load_model(config, context + 64, dtype, torch.device("cpu"), "safetensors", quantization)
+    cpu = torch.device("cpu")
+    model = load_model(config, context + 64, dtype, cpu, "safetensors", quantization, gguf_kernel=gguf_kernel)
     per_seq = -(-(context + 1) // BLOCK)
     shape = (batch * per_seq + 1, BLOCK, config.num_kv_heads, config.head_dim)
     caches = [(torch.randn(shape).to(dtype), torch.randn(shape).to(dtype)) for _ in range(config.num_layers)]

@@ -23,6 +23,11 @@ class EngineConfig:
     # .gguf file kept in their block formats, run by the CPU's quantized kernels (worker/engine/model/
     # gguf_loader.py). float32 weights stay the default.
     quantization: str = "none"  # none | fp16 | gguf
+    # How quantization="gguf" multiplies: float (weights de-quantized in registers, float32 activations:
+    # float32's tokens on the same weights) or int8 (activations quantized per 32 values, llama.cpp's
+    # integer dot products; logprobs move by up to ~0.35 nats). Both keep a row's result independent of its
+    # batch. bench/gguf_speed.py compares them.
+    gguf_kernel: str = "float"  # float | int8
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     block_size: int = 16
     # Seats are cheap: a waiting or short sequence holds only the KV blocks it fills, and a full pool
@@ -62,6 +67,8 @@ class EngineConfig:
             raise ValueError(f"load_format must be 'safetensors' or 'dummy', got {self.load_format!r}")
         if self.quantization not in ("none", "fp16", "gguf"):
             raise ValueError(f"quantization must be 'none', 'fp16' or 'gguf', got {self.quantization!r}")
+        if self.gguf_kernel not in ("float", "int8"):
+            raise ValueError(f"gguf_kernel must be 'float' or 'int8', got {self.gguf_kernel!r}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
 

@@ -4,7 +4,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any, Literal, get_type_hints
 
-from pydantic import create_model, model_validator
+from pydantic import Field, create_model, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from contract.engine import DEFAULT_EMBED_MODEL, EngineConfig
@@ -78,6 +78,9 @@ class Settings(EngineSettings):
     # The worker's reliability loop.
     worker_concurrency: int | None = None  # jobs held at once; default: max_num_seqs
     flush_interval: float = 0.8  # partial output and cancellations: under a second apart
+    # nice increment of the worker's bookkeeping threads (flusher, streamer, watchers, reconciler, Celery
+    # seats), so they do not preempt the engine's threads on a busy CPU; the heartbeat keeps 0
+    bookkeeping_nice: int = Field(default=0, ge=0, le=19)
     heartbeat_timeout: float = 30.0  # a worker silent this long is dead; its jobs are requeued
     heartbeat_interval: float | None = None  # default: heartbeat_timeout / 6; also the worker gauges' age
     max_attempts: int = 3  # runs a job may start; if its worker dies (or drains) in the last, it fails

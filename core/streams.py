@@ -12,6 +12,7 @@ and the API follows the job row's partial output instead.
 
 import json
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +24,16 @@ from core.settings import Settings
 logger = logging.getLogger(__name__)
 
 STREAM_TTL_S = 3600  # a finished job's stream is kept this long for late readers
+WATCHED_KEY = "pagedq:watched"  # job id -> until when (unix seconds) a reader is there
+WATCHING_CHANNEL = "pagedq:watching"  # a job id, as soon as a reader comes
+WATCH_TTL_S = 30.0  # a reader's presence lasts this long (clocks of hosts may differ by some seconds)
+WATCH_RENEW_S = 10.0  # and is renewed this often while it reads
+
+
+def announce_reader(pipe: Any, job_id: str) -> None:
+    """Queue on a Redis pipeline (sync or asyncio) that a reader follows ``job_id``, for WATCH_TTL_S."""
+    pipe.zadd(WATCHED_KEY, {job_id: time.time() + WATCH_TTL_S}, gt=True)
+    pipe.publish(WATCHING_CHANNEL, job_id)
 
 
 def stream_key(job_id: str) -> str:

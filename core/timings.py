@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
-DECIMALS = 3  # milliseconds to the microsecond, everywhere a timing is reported
+from contract.token_times import DECIMALS  # milliseconds to the microsecond, everywhere
 
 
 class Stamped(Protocol):

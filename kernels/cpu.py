@@ -151,11 +151,15 @@ def rotate(x: Tensor, cos: Tensor, signed_sin: Tensor) -> Tensor:
     return torch.ops.pagedq_cpu.rotate(x, cos, signed_sin)
 
 
-def quant_linear(x: Tensor, weights: list[Tensor], ggml_types: list[int], level: int = -1) -> Tensor:
+def quant_linear(
+    x: Tensor, weights: list[Tensor], ggml_types: list[int], level: int = -1, int8: bool = False
+) -> Tensor:
     """``x`` (float32 ``[M, K]``) times GGUF-quantized weights side by side (``uint8 [N_i, row_bytes]``
-    each): ``[M, sum N_i]``. ``level``: 0 scalar, 1 AVX2, 2 AVX-512 VNNI, -1 the best this CPU runs; every
-    level returns the same bits."""
-    return torch.ops.pagedq_cpu.quant_linear(x, weights, ggml_types, level)
+    each): ``[M, sum N_i]``. ``int8``: activations quantized per 32-value block and integer dot products
+    (llama.cpp's way); else the weights are de-quantized in registers and multiplied in float32.
+    ``level``: 0 scalar, 1 AVX2, 2 AVX-512 VNNI, -1 the best this CPU runs; every level returns the same
+    bits, and a row's result does not depend on the other rows."""
+    return torch.ops.pagedq_cpu.quant_linear(x, weights, ggml_types, level, not int8)
 
 
 def quant_level() -> int:

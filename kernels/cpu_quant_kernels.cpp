@@ -1,5 +1,7 @@
 // GGUF-quantized weights x float32 activations (kernels/cpu.py builds this file with cpu_kernels.cpp into
-// torch.ops.pagedq_cpu). llama.cpp's approach: each activation row is quantized to int8 per 32-value block
+// torch.ops.pagedq_cpu), two ways. The float path (float_x) de-quantizes each weight sub-block in registers
+// and multiplies it with the activations as they are, in float32 FMAs: the float32 product on the
+// de-quantized weights, up to summation order. The int8 path is llama.cpp's approach: each activation row is quantized to int8 per 32-value block
 // (scale d = max|x| / 127), each weight sub-block of 32 values is unpacked to int8 in registers, and the
 // two meet in integer dot products (AVX2 maddubs, or AVX-512 VNNI's dpbusd where the CPU has it); a
 // block's integer sums are scaled and accumulated in float32. A row's result depends on that row alone,
@@ -311,14 +313,107 @@ void matmul_rows(int level, const uint8_t* w, int64_t row_bytes, const BlockQ8* 
 using MatmulRows = void (*)(int, const uint8_t*, int64_t, const BlockQ8*, int64_t, int64_t, float*, int64_t,
                             int64_t, int64_t, int64_t);
 
+using FMatmulRows = void (*)(int, const uint8_t*, int64_t, const float*, int64_t, int64_t, float*, int64_t,
+                             int64_t, int64_t, int64_t);
+
 struct Kind {
-  MatmulRows run;
+  MatmulRows run;      // int8 activations
+  FMatmulRows frun;    // float32 activations
   int64_t block, bytes;
 };
 
+// --- The float path: weights de-quantized in registers, times float32 activations (no activation rounding).
+// A sub-block's 32 values are de-quantized as kernels/quant_reference.py does (scale * q, then + min: the
+// same bits), in four chunks of 8; each activation row keeps two 8-lane accumulators (chunks 0 and 2 in one,
+// 1 and 3 in the other), and the row's result is their sum reduced as hsum8 does: a fixed order, whatever
+// the row count, and the same at every level (std::fma is the AVX2 FMA's rounding).
+template <class W, int R>
+void fdot_scalar(const uint8_t* wrow, int64_t blocks, const float* const* x, float* out) {
+  float acc[R][2][8] = {};
+  int8_t q[QK];
+  float w[QK];
+  Scales<W::SUBS> s;
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* blk = wrow + b * W::BYTES;
+    W::scales(blk, s);
+    for (int sub = 0; sub < W::SUBS; ++sub) {
+      W::unpack(blk, sub, q);
+      for (int i = 0; i < QK; ++i) {
+        w[i] = s.sc[sub][i / 16] * static_cast<float>(q[i]);
+        if constexpr (W::HAS_MIN) w[i] = w[i] + s.mterm[sub];
+      }
+      const int64_t at = (b * W::SUBS + sub) * QK;
+      for (int r = 0; r < R; ++r)
+        for (int i = 0; i < QK; ++i) acc[r][(i / 8) % 2][i % 8] = std::fma(w[i], x[r][at + i], acc[r][(i / 8) % 2][i % 8]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    float sum[8];
+    for (int lane = 0; lane < 8; ++lane) sum[lane] = acc[r][0][lane] + acc[r][1][lane];
+    out[r] = reduce8(sum);
+  }
+}
+
+#ifdef __AVX2__
+template <class W, int R>
+void fdot_avx2(const uint8_t* wrow, int64_t blocks, const float* const* x, float* out) {
+  __m256 acc[R][2];
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+  Scales<W::SUBS> s;
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* blk = wrow + b * W::BYTES;
+    W::scales(blk, s);
+    for (int sub = 0; sub < W::SUBS; ++sub) {
+      const __m256i q = W::unpack8(blk, sub);
+      const __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
+      const __m128i bytes[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+      __m256 w[4];
+      for (int c = 0; c < 4; ++c) {
+        w[c] = _mm256_mul_ps(_mm256_set1_ps(s.sc[sub][c / 2]), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes[c])));
+        if constexpr (W::HAS_MIN) w[c] = _mm256_add_ps(w[c], _mm256_set1_ps(s.mterm[sub]));
+      }
+      const int64_t at = (b * W::SUBS + sub) * QK;
+      for (int r = 0; r < R; ++r)
+        for (int c = 0; c < 4; ++c) acc[r][c % 2] = _mm256_fmadd_ps(w[c], _mm256_loadu_ps(x[r] + at + 8 * c), acc[r][c % 2]);
+    }
+  }
+  for (int r = 0; r < R; ++r) out[r] = hsum8(_mm256_add_ps(acc[r][0], acc[r][1]));
+}
+#endif
+
+template <class W, int R>
+void fdot_rows(int level, const uint8_t* wrow, int64_t blocks, const float* const* x, float* out) {
+#ifdef __AVX2__
+  if (level >= 1) return fdot_avx2<W, R>(wrow, blocks, x, out);
+#endif
+  fdot_scalar<W, R>(wrow, blocks, x, out);
+}
+
+template <class W>
+void fmatmul_rows(int level, const uint8_t* w, int64_t row_bytes, const float* xf, int64_t m_rows, int64_t k,
+                  float* out, int64_t ldo, int64_t col0, int64_t begin, int64_t end) {
+  const int64_t blocks = row_bytes / W::BYTES;
+  const float* x[TILE];
+  float dots[TILE];
+  for (int64_t n = begin; n < end; ++n) {
+    const uint8_t* wrow = w + n * row_bytes;
+    for (int64_t m = 0; m < m_rows; m += TILE) {
+      const int64_t r = std::min<int64_t>(TILE, m_rows - m);
+      for (int64_t i = 0; i < r; ++i) x[i] = xf + (m + i) * k;
+      switch (r) {
+        case 4: fdot_rows<W, 4>(level, wrow, blocks, x, dots); break;
+        case 3: fdot_rows<W, 3>(level, wrow, blocks, x, dots); break;
+        case 2: fdot_rows<W, 2>(level, wrow, blocks, x, dots); break;
+        default: fdot_rows<W, 1>(level, wrow, blocks, x, dots);
+      }
+      for (int64_t i = 0; i < r; ++i) out[(m + i) * ldo + col0 + n] = dots[i];
+    }
+  }
+}
+
 template <class W>
 Kind kind() {
-  return {&matmul_rows<W>, W::BLOCK, W::BYTES};
+  return {&matmul_rows<W>, &fmatmul_rows<W>, W::BLOCK, W::BYTES};
 }
 
 Kind kind_of(int64_t ggml_type) {
@@ -337,7 +432,9 @@ int64_t quant_level() { return BEST_LEVEL; }
 
 // x [M, K] float32 times the weights (uint8 [N_i, row_bytes_i] each, of GGML type types[i], K values a row),
 // side by side: returns [M, sum N_i]. level: 0 scalar, 1 AVX2, 2 AVX-512 VNNI, -1 the best this CPU runs.
-at::Tensor quant_linear(const at::Tensor& x_in, at::TensorList weights, at::IntArrayRef types, int64_t level) {
+// float_x: the float path (weights de-quantized in registers, x as it is); else x is quantized to int8.
+at::Tensor quant_linear(const at::Tensor& x_in, at::TensorList weights, at::IntArrayRef types, int64_t level,
+                        bool float_x) {
   TORCH_CHECK(x_in.dim() == 2 && x_in.scalar_type() == at::kFloat, "x must be float32 [M, K]");
   TORCH_CHECK(weights.size() == types.size() && !weights.empty(), "one GGML type per weight");
   TORCH_CHECK(level <= BEST_LEVEL, "level ", level, " is not built for this CPU (best: ", BEST_LEVEL, ")");
@@ -357,11 +454,13 @@ at::Tensor quant_linear(const at::Tensor& x_in, at::TensorList weights, at::IntA
     kinds.push_back(kd);
     cols.push_back(cols.back() + w.size(0));
   }
-  std::vector<BlockQ8> xq(m_rows * x_blocks);
   const float* xp = x.data_ptr<float>();
-  at::parallel_for(0, m_rows, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t m = begin; m < end; ++m) quantize_row(xp + m * k, k, xq.data() + m * x_blocks);
-  });
+  std::vector<BlockQ8> xq(float_x ? 0 : m_rows * x_blocks);
+  if (!float_x) {
+    at::parallel_for(0, m_rows, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t m = begin; m < end; ++m) quantize_row(xp + m * k, k, xq.data() + m * x_blocks);
+    });
+  }
   const int64_t total = cols.back();
   auto out = at::empty({m_rows, total}, x.options());
   float* o = out.data_ptr<float>();
@@ -369,8 +468,13 @@ at::Tensor quant_linear(const at::Tensor& x_in, at::TensorList weights, at::IntA
     for (size_t i = 0; i < kinds.size(); ++i) {
       const int64_t lo = std::max(begin, cols[i]), hi = std::min(end, cols[i + 1]);
       if (lo >= hi) continue;
-      kinds[i].run(static_cast<int>(level), weights[i].data_ptr<uint8_t>(), weights[i].size(1), xq.data(), m_rows,
-                   x_blocks, o, total, cols[i], lo - cols[i], hi - cols[i]);
+      const uint8_t* w = weights[i].data_ptr<uint8_t>();
+      const int lv = static_cast<int>(level);
+      if (float_x)
+        kinds[i].frun(lv, w, weights[i].size(1), xp, m_rows, k, o, total, cols[i], lo - cols[i], hi - cols[i]);
+      else
+        kinds[i].run(lv, w, weights[i].size(1), xq.data(), m_rows, x_blocks, o, total, cols[i], lo - cols[i],
+                     hi - cols[i]);
     }
   });
   return out;

@@ -115,12 +115,13 @@ def rotate(x: Tensor, cos: Tensor, signed_sin: Tensor) -> Tensor:
     return reference.rotate(x, cos, signed_sin)
 
 
-def quant_linear(x: Tensor, weights: list[Tensor], type_names: list[str]) -> Tensor:
+def quant_linear(x: Tensor, weights: list[Tensor], type_names: list[str], int8: bool = False) -> Tensor:
     """``x`` (float32 ``[M, K]``) times GGUF-quantized weights side by side: ``[M, sum N_i]``. The C++
-    kernel quantizes the activations per 32-value block; the reference de-quantizes the weights a few
-    thousand rows at a time and multiplies in float32."""
+    kernel de-quantizes the weights in registers and multiplies in float32, or with ``int8`` quantizes
+    the activations per 32-value block for integer dot products; the reference de-quantizes the weights
+    a few thousand rows at a time and multiplies in float32."""
     if backend_for(x.device) == "cpu":
         types = [quant_reference.TYPES[name].ggml_type for name in type_names]
-        return cpu.quant_linear(x, weights, types)
+        return cpu.quant_linear(x, weights, types, int8=int8)
     parts = [quant_reference.linear(x, w, name) for w, name in zip(weights, type_names, strict=True)]
     return torch.cat(parts, dim=-1)

@@ -7,6 +7,7 @@ into the registry (worker/flights.py), which the flusher writes, and hands new t
 import logging
 import queue
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from core.states import JobStatus
 from core.timings import ms
 from worker.engine import EngineStats, RequestOutput, SamplingParams
 from worker.flights import Flight, Flights
+from worker.os_threads import name_this_thread
 from worker.streamer import TokenStreamer
 
 logger = logging.getLogger("pagedq.worker")
@@ -73,6 +75,7 @@ class EngineLoop(Generic[E]):
         self._token_texts: dict[int, str] = {}
         self._recent_prefixes: OrderedDict[int, None] = OrderedDict()  # of the runs added, newest last
         self._held_prefixes: frozenset[int] = frozenset()
+        self._step_cpu = 0.0  # this thread's CPU seconds inside step(), and its engine's build
         self._thread = threading.Thread(target=self._run, name="pagedq-engine", daemon=True)
 
     def start(self) -> None:
@@ -109,19 +112,21 @@ class EngineLoop(Generic[E]):
         return self._held_prefixes
 
     def _run(self) -> None:
+        name_this_thread("pagedq-engine", bookkeeping=False)
         try:
             self.engine = self.build_engine()
         except BaseException as error:  # start() re-raises it in the main thread
             self._error = error
             return
         finally:
+            self._step_cpu = time.thread_time()
             self._ready.set()
         while not self._stopping.is_set():
             self._take_commands(block=not self.engine.has_unfinished_requests())
             if not self.engine.has_unfinished_requests():
                 continue
             try:
-                outputs = self.engine.step()
+                outputs = self._step()
             except Exception as error:  # a broken step fails its jobs rather than hanging them
                 logger.exception("engine step failed")
                 self._fail_all(f"engine step failed: {error!r}")
@@ -129,6 +134,13 @@ class EngineLoop(Generic[E]):
             for output in outputs:
                 self._record(output)
             self._update_stats()
+
+    def _step(self) -> list[RequestOutput]:
+        started = time.thread_time()
+        try:
+            return self.engine.step()
+        finally:
+            self._step_cpu += time.thread_time() - started
 
     def _take_commands(self, block: bool) -> None:
         try:
@@ -165,7 +177,8 @@ class EngineLoop(Generic[E]):
         self.flights.fold(flight, output, self._token_text)
         if self.streamer is not None and not flight.job.in_batch:
             text = "".join(sample.text for sample in output.outputs if sample.index == 0)
-            self.streamer.put(flight.job.id, flight.job.attempt, text, output.finished)
+            whole = flight.result.choices[0].text  # this thread alone changes it
+            self.streamer.feed(flight.job.id, flight.job.attempt, text, whole, output.finished)
         if output.finished and output.error is not None:  # its constraint failed
             self.flights.end(flight, JobStatus.FAILED, error=f"rejected by the engine: {output.error}")
         elif output.finished:
@@ -197,4 +210,6 @@ class EngineLoop(Generic[E]):
             "num_generated_tokens": stats.num_generated_tokens,
             "peak_running": self._peak_running,
             "busy_ms": ms(stats.busy_time * 1000),  # what its jobs' usage.engine_ms add up to
+            # the engine thread's CPU outside step(): folding outputs, feeding the streamer, commands
+            "loop_cpu_ms": ms((time.thread_time() - self._step_cpu) * 1000),
         }

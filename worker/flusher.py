@@ -19,6 +19,7 @@ from worker.connectivity import Connectivity
 from worker.drain import Drain
 from worker.flights import Flight, Flights
 from worker.health import WorkerHealth, describe
+from worker.os_threads import name_this_thread
 from worker.results import Clock
 from worker.store import JobStore, Progress, database_away
 
@@ -78,6 +79,7 @@ class Flusher:
         """Write and poll cancels. A failed round is tried again, backing off; until one succeeds the worker
         does not heartbeat, so after the heartbeat timeout other workers take its jobs over (its later
         writes then find them lost, and it aborts them)."""
+        name_this_thread("pagedq-flusher")
         failing_since = 0.0
         while not (self._stopping.is_set() and not self.flights):
             self.flights.wake.wait(self.flush_interval)

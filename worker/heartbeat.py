@@ -16,6 +16,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from worker.connectivity import Connectivity
 from worker.health import describe
+from worker.os_threads import name_this_thread
 from worker.store import JobStore
 
 logger = logging.getLogger("pagedq.worker")
@@ -52,6 +53,7 @@ class Heartbeat:
             logger.warning("could not leave the workers table", extra={"error": describe(error)})
 
     def _run(self) -> None:
+        name_this_thread("pagedq-heartbeat", bookkeeping=False)  # liveness first
         while not self._stopping.wait(self.period):
             if self.writes_work():
                 self._beat()

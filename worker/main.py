@@ -34,6 +34,7 @@ from worker.flusher import Flusher, Publish
 from worker.health import WorkerHealth
 from worker.heartbeat import Heartbeat
 from worker.host import EngineHost
+from worker.os_threads import name_this_thread, set_bookkeeping_nice
 from worker.reconciler import Reconciler
 from worker.store import JobStore
 from worker.streamer import TokenStreamer
@@ -44,6 +45,7 @@ logger = logging.getLogger("pagedq.worker")
 def register_run_job(app: Celery, host: EngineHost) -> None:
     @app.task(name=RUN_JOB_TASK)
     def run_job(job_id: str) -> None:
+        name_this_thread("pagedq-seat")  # a Celery pool thread (bench/service_cpu.py counts them apart)
         result = host.run(job_id)
         if result is RunResult.REFUSED:
             raise Reject("the worker is shutting down", requeue=True)
@@ -70,15 +72,14 @@ def engine_facts(engine: LLMEngine) -> dict[str, Any]:
         "kv_cache_bytes": runner.kv_cache_bytes,
         "max_model_len": engine.max_model_len,
     }
-    if weights := runner.weight_types:
-        facts["weight_bytes"] = weights
-    return facts
+    return facts | runner.weights_summary()
 
 
 def run_worker(settings: Settings, ready_fd: int | None = None) -> None:
     """Serves the model's queue until a signal; once it consumes, says so in a log record and, with
     ``ready_fd`` (``pagedq up``), as one JSON line on that file descriptor."""
     worker_id = f"{socket.gethostname()}:{os.getpid()}"
+    set_bookkeeping_nice(settings.bookkeeping_nice)
     queue = queue_name(settings.served_model_name)
     app = make_celery(settings)
 

@@ -33,6 +33,7 @@ from worker.batches import BatchKeeper
 from worker.connectivity import Connectivity
 from worker.flusher import Publish
 from worker.health import describe
+from worker.os_threads import name_this_thread
 from worker.store import JobStore, database_away
 
 logger = logging.getLogger("pagedq.worker")
@@ -55,6 +56,7 @@ class Reconciler:
     purged: float = -float("inf")  # when this reconciler last purged (monotonic)
 
     def run(self, interval: float, stop: threading.Event) -> None:
+        name_this_thread("pagedq-reconcile")
         while not stop.wait(interval):
             if self._try("reconcile", self.reconcile):
                 self.connectivity.succeeded()

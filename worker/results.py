@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from contract.token_times import token_times_ms
 from core.choices import Choice, TokenLogprob
 from core.models import storable
 from core.states import JobStatus
@@ -62,7 +63,7 @@ class JobResult:
         self.first_token = metrics.first_token_time
         if self.started is not None:
             # A step's output carries only its new tokens' times, as its text and token ids.
-            self.token_times_ms.extend(ms((t - self.started) * 1000) for t in metrics.token_times)
+            self.token_times_ms.extend(token_times_ms(metrics.token_times, self.started))
 
     def _fold_sample(self, choice: Choice, sample: CompletionOutput, token_text: TokenText) -> None:
         choice.text += sample.text

@@ -1,5 +1,5 @@
-"""Appends each job's new text to its Redis stream and publishes it (``core/streams.py``), from a thread
-of its own so the engine never waits."""
+"""Appends a job's new text to its Redis stream and publishes it (``core/streams.py``), from a thread
+of its own so the engine never waits; only for runs a reader follows (``worker/watchers.py``)."""
 
 import logging
 import queue
@@ -10,6 +10,8 @@ import redis
 
 from core.models import storable
 from core.streams import STREAM_TTL_S, StreamEntry, channel_key, stream_key
+from worker.os_threads import name_this_thread
+from worker.watchers import Watchers
 
 logger = logging.getLogger("pagedq.worker")
 
@@ -27,8 +29,23 @@ class TokenStreamer:
         self._redis = redis.Redis.from_url(url)
         self._pieces: queue.SimpleQueue[Piece | None] = queue.SimpleQueue()
         self._seqs: dict[tuple[str, int], int] = {}  # (job, attempt): its last entry; its stream has a TTL
+        self.watchers = Watchers(self._redis)
+        self._fed: set[tuple[str, int]] = set()  # the runs ``feed`` streams (the engine thread's)
         self._thread = threading.Thread(target=self._run, name="pagedq-streamer", daemon=True)
         self._thread.start()
+
+    def feed(self, job_id: str, attempt: int, new: str, whole: str, finished: bool) -> None:
+        """A step's ``new`` text of a run (``whole``: all its text so far), streamed only once a reader
+        follows the job: then the run's first entry is all its text so far, and it streams to its end."""
+        run = (job_id, attempt)
+        if run not in self._fed:
+            if not self.watchers.watched(job_id):
+                return
+            self._fed.add(run)
+            new = whole
+        if finished:
+            self._fed.discard(run)
+        self.put(job_id, attempt, new, finished)
 
     def put(self, job_id: str, attempt: int, text: str, finished: bool) -> None:
         if text or finished:
@@ -37,8 +54,10 @@ class TokenStreamer:
     def close(self) -> None:
         self._pieces.put(None)
         self._thread.join(timeout=10)
+        self.watchers.close()
 
     def _run(self) -> None:
+        name_this_thread("pagedq-streamer")
         while True:
             batch = [self._pieces.get()]
             while not self._pieces.empty():

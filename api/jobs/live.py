@@ -4,11 +4,13 @@ One pub/sub connection per API process carries the entries of every job it strea
 registers a queue for its job; the first one subscribes to the job's channel and the last one to leave
 unsubscribes; a listener task hands every message to the queues of its job. What a reader may miss
 (entries from before it subscribed, a message lost while the connection was re-established) it reads
-from the stream.
+from the stream. A reader announces itself while it reads (``core/streams.announce_reader``): workers stream
+only the runs someone follows.
 """
 
 import asyncio
 import logging
+import time
 from collections import defaultdict
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -17,7 +19,7 @@ from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
 from redis.exceptions import RedisError
 
-from core.streams import StreamEntry, channel_key, stream_key
+from core.streams import WATCH_RENEW_S, StreamEntry, announce_reader, channel_key, stream_key
 
 logger = logging.getLogger(__name__)
 
@@ -39,8 +41,13 @@ class LiveStreams:
         seen = (0, 0)
         # Subscribed before the stream is read: nothing falls between the two.
         async with self._follow(job_id) as published:
+            await self._announce(job_id)  # once subscribed: the worker's first entry then reaches us
+            renew_at = time.monotonic() + WATCH_RENEW_S
             missed = await self._stream_after(job_id, seen)
             while True:
+                if time.monotonic() >= renew_at:
+                    await self._announce(job_id)
+                    renew_at = time.monotonic() + WATCH_RENEW_S
                 for entry in missed:
                     if entry.position > seen:
                         seen = entry.position
@@ -59,6 +66,14 @@ class LiveStreams:
                     missed = [entry]
                 else:  # a gap (a message lost while the connection was re-established)
                     missed = await self._stream_after(job_id, seen)
+
+    async def _announce(self, job_id: str) -> None:
+        try:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                announce_reader(pipe, job_id)
+                await pipe.execute()
+        except RedisError as error:  # unstreamed, the job still ends: its row has the output
+            logger.warning("could not announce a reader", extra={"job_id": job_id, "error": str(error)})
 
     async def _stream_after(self, job_id: str, position: tuple[int, int]) -> list[StreamEntry]:
         entries = await self._redis.xrange(stream_key(job_id), min="({}-{}".format(*position))

@@ -3,8 +3,9 @@
 Events: ``delta`` ``{"text"}`` for each new piece (first everything produced so far), ``restart``
 ``{"attempt"}`` when a requeued job starts over, and finally ``job`` with the job as ``GET`` returns it.
 With Redis the pieces come as the worker publishes them (``api/jobs/live.py``), after what its Redis stream
-already holds; without (the embedded mode) from the job row's partial output, which the worker flushes
-every flush interval.
+already holds (the worker streams a run once a reader follows it, its first entry all the text so far);
+without (the embedded mode), and for a job that has ended, from the job row's output, which the worker
+flushes every flush interval.
 """
 
 import asyncio
@@ -26,8 +27,8 @@ from core.states import TERMINAL
 
 
 async def job_events(service: Service, job: Job) -> AsyncIterator[ServerSentEvent]:
-    # A batch's jobs are not streamed live (worker/host.py): follow their row.
-    if service.live is None or job.batch_id is not None:
+    # A batch's jobs are never streamed live, and a job that has ended has its output whole in its row.
+    if service.live is None or job.batch_id is not None or job.status in TERMINAL:
         events = _from_row(service, job.id)
     else:
         events = _from_stream(service, service.live, job.id)

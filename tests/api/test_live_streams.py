@@ -2,10 +2,11 @@
 
 Against the real Redis: entries come in order and each once, whether read from the stream or as they
 are published; a lost message is read from the stream; a requeued run starts over, and a stale run's
-entries are refused.
+entries are refused. Only a run someone reads is streamed, from all its text so far.
 """
 
 import asyncio
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from typing import TypeVar
@@ -15,7 +16,7 @@ import redis
 
 from api.jobs import live
 from api.jobs.live import LiveStreams
-from core.streams import StreamEntry, channel_key, stream_key
+from core.streams import WATCH_TTL_S, WATCHED_KEY, StreamEntry, announce_reader, channel_key, stream_key
 from tests.support.services import async_wait_for, redis_url, wait_for
 from worker.streamer import TokenStreamer
 
@@ -186,3 +187,68 @@ def test_a_quiet_stream_says_so_at_each_idle_check(url: str, job_id: str) -> Non
         return heard
 
     assert with_live_streams(url, scenario) == [None, None]
+
+
+def announce(url: str, job_id: str) -> None:
+    """What the API does when a reader comes (``LiveStreams.entries``)."""
+    pipe = redis.Redis.from_url(url).pipeline()
+    announce_reader(pipe, job_id)
+    pipe.execute()
+
+
+def test_a_run_nobody_reads_is_not_streamed_and_a_reader_gets_all_its_text_so_far_first(
+    url: str, job_id: str, streamer: TokenStreamer
+) -> None:
+    streamer.feed(job_id, 1, "Hello", "Hello", finished=False)
+    streamer.feed(job_id, 1, ",", "Hello,", finished=False)
+    streamer.put(job_id, 0, "", finished=True)  # a marker: the pieces fed before it have been written
+    wait_for(lambda: stream_length(url, job_id) == 1, 5, "the marker")
+    assert texts(read_stream(url, job_id)) == [(0, "", True)]  # nobody read it: nothing of its run
+
+    async def scenario(streams: LiveStreams) -> list[StreamEntry]:
+        read: list[StreamEntry] = []
+        reader = asyncio.create_task(read_until_end(streams, job_id, ends=2, read=read))
+        await async_wait_for(lambda: streamer.watchers.watched(job_id), 5, "the worker to see the reader")
+        streamer.feed(job_id, 1, " wor", "Hello, wor", finished=False)
+        streamer.feed(job_id, 1, "ld", "Hello, world", finished=True)
+        return await reader
+
+    try:
+        read = with_live_streams(url, scenario)
+    finally:
+        redis.Redis.from_url(url).zrem(WATCHED_KEY, job_id)
+    assert texts(read) == [(0, "", True), (1, "Hello, wor", False), (1, "ld", True)]
+
+
+def test_a_requeued_run_of_a_read_job_starts_with_its_own_text_so_far(
+    url: str, job_id: str, streamer: TokenStreamer
+) -> None:
+    announce(url, job_id)
+    try:
+        wait_for(lambda: streamer.watchers.watched(job_id), 5, "the worker to see the reader")
+        streamer.feed(job_id, 1, "first", "first", finished=True)
+        streamer.feed(job_id, 2, "sec", "sec", finished=False)
+        streamer.feed(job_id, 2, "ond", "second", finished=True)
+        wait_for(lambda: stream_length(url, job_id) == 3, 5, "both runs")
+    finally:
+        redis.Redis.from_url(url).zrem(WATCHED_KEY, job_id)
+    assert texts(read_stream(url, job_id)) == [(1, "first", True), (2, "sec", False), (2, "ond", True)]
+
+
+def test_a_reader_announces_itself_until_it_leaves(url: str, job_id: str) -> None:
+    async def scenario(streams: LiveStreams) -> float | None:
+        async with asyncio.timeout(5):
+            async for _ in streams.entries(job_id):  # the first idle check
+                return redis.Redis.from_url(url).zscore(WATCHED_KEY, job_id)
+        return None
+
+    try:
+        until = with_live_streams(url, scenario)
+    finally:
+        redis.Redis.from_url(url).zrem(WATCHED_KEY, job_id)
+    assert until is not None and time.time() < until <= time.time() + WATCH_TTL_S
+
+
+def read_stream(url: str, job_id: str) -> list[StreamEntry]:
+    entries = redis.Redis.from_url(url).xrange(stream_key(job_id))
+    return [StreamEntry.from_stream(entry_id, fields) for entry_id, fields in entries]

@@ -7,12 +7,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 from fastapi.testclient import TestClient
 
 from core.settings import Settings
+from core.streams import stream_key
 from migrations import upgrade
 from tests.support.jobs_client import Database, api_client, start_worker, submit
-from tests.support.services import Process
+from tests.support.services import Process, wait_for
 
 PROMPT = "The quick brown fox jumps over"
 
@@ -99,3 +101,23 @@ def test_embedded_mode_streams_from_the_job_row(tiny_llama: Path, tmp_path: Path
         db.close()
     assert len([name for name, _ in events if name == "delta"]) > 1
     assert events[-1][0] == "job" and streamed_text(events) == events[-1][1]["output"]
+
+
+def test_a_job_nobody_reads_is_not_streamed(service_settings: Settings, running_worker: Process) -> None:
+    with api_client(service_settings) as client:
+        job_id = submit(client, prompt=PROMPT, max_tokens=40, temperature=0, ignore_eos=True)
+        wait_for(lambda: client.get(f"/v1/jobs/{job_id}").json()["status"] == "succeeded", 60, "the job")
+    assert not redis.Redis.from_url(service_settings.resolved_broker_url).exists(stream_key(job_id))
+
+
+def test_a_reader_who_comes_mid_run_gets_everything_so_far_then_the_rest(
+    service_settings: Settings, running_worker: Process
+) -> None:
+    with api_client(service_settings) as client:
+        job_id = submit(client, prompt=PROMPT, max_tokens=600, temperature=0, ignore_eos=True)
+        polled = wait_for(lambda: client.get(f"/v1/jobs/{job_id}").json()["output"], 60, "a first flush")
+        events = read_events(client, job_id)
+    final = events[-1][1]
+    assert final["status"] == "succeeded" and final["usage"]["completion_tokens"] == 600
+    assert streamed_text(events) == final["output"] and final["output"].startswith(polled)
+    assert redis.Redis.from_url(service_settings.resolved_broker_url).exists(stream_key(job_id))

@@ -81,6 +81,7 @@ ENGINE_VARIABLES = {
     "model": "/models/m",
     "dtype": "bfloat16",
     "quantization": "fp16",
+    "gguf_kernel": "int8",
     "device": "cuda:1",
     "block_size": "32",
     "max_num_seqs": "3",

@@ -112,6 +112,18 @@ def test_a_request_is_the_same_whatever_shares_its_steps(
     assert_same(alone, tokens, logits)
 
 
+@pytest.mark.parametrize("kernel", ["float", "int8"])
+def test_a_gguf_request_is_the_same_whatever_shares_its_steps(tmp_path: Path, kernel: str) -> None:
+    from tests.engine.test_gguf_engine import tiny_gguf
+
+    path = str(tiny_gguf(tmp_path))
+    args = {"kv_cache_bytes": 4 << 20, "block_size": 16, "quantization": "gguf", "gguf_kernel": kernel}
+    tokens, logits, _ = run(LLM(path, **args, max_num_seqs=2))
+    batched_tokens, batched_logits, engine = run(LLM(path, **args), 0, 6)
+    assert engine.runner.batch_invariant
+    assert_same((tokens, logits), batched_tokens, batched_logits)
+
+
 def test_preempted_and_recomputed_request_is_the_same(tiny_llama: Path, alone: tuple) -> None:
     """A KV pool of 12 blocks for requests that need up to 5 each: the targets, of a lower priority, are
     preempted and their tokens recomputed in a prefill, whose logits must equal the decode steps' of the

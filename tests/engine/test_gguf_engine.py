@@ -2,8 +2,9 @@
 against the float32 engine on the same weights de-quantized (``tests/support/gguf_files.gguf_model_dir``
 writes both).
 
-With the torch reference (de-quantize, then float32 matmul) the two are the same model: same tokens,
-logprobs to float32 rounding. With the C++ kernels, activations are quantized to int8 per 32 values, which
+With the torch reference (de-quantize, then float32 matmul) and with the C++ kernels' float path (the
+default ``gguf_kernel="float"``: weights de-quantized in registers) the two are the same model: same
+tokens, logprobs to float32 rounding. With their int8 path, activations are quantized per 32 values, which
 moves these tiny random models' logprobs by up to ~0.25 nats, and their top choices are often that
 close (top-1 logprobs around -1.5 over 320 tokens): the outputs then agree until a near-tie, where float32's
 own two candidates are within that margin. The default model's fidelity is tested on its real file
@@ -43,8 +44,10 @@ def gguf_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
 NEAR_TIE = 0.3  # nats: how far the kernels' activation rounding moves these models' logprobs (above)
 
 
-def generate_both(path: Path, count: int) -> list[tuple[CompletionOutput, CompletionOutput]]:
-    quantized = LLM(str(path), kv_cache_bytes=8 << 20, quantization="gguf")
+def generate_both(
+    path: Path, count: int, kernel: str = "float"
+) -> list[tuple[CompletionOutput, CompletionOutput]]:
+    quantized = LLM(str(path), kv_cache_bytes=8 << 20, quantization="gguf", gguf_kernel=kernel)
     dense = LLM(str(path), kv_cache_bytes=8 << 20)
     texts = prompts(count, 3)
     got, want = quantized.generate(texts, greedy(5)), dense.generate(texts, greedy(5))
@@ -52,19 +55,21 @@ def generate_both(path: Path, count: int) -> list[tuple[CompletionOutput, Comple
     return [(a.outputs[0], b.outputs[0]) for a, b in zip(got, want, strict=True)]
 
 
+@pytest.mark.parametrize("backend", ["torch", "auto"])
 @pytest.mark.parametrize(("arch", "tied"), [("llama", True), ("llama", False), ("qwen2", False)])
-def test_gguf_is_the_float32_model_under_the_reference(
-    tmp_path: Path, arch: str, tied: bool, monkeypatch: pytest.MonkeyPatch
+def test_gguf_is_the_float32_model_under_the_reference_and_the_float_kernels(
+    tmp_path: Path, arch: str, tied: bool, backend: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Names, shapes, llama.cpp's q/k row order, tying and Qwen2's biases are read right."""
-    monkeypatch.setenv(dispatch.BACKEND_ENV, "torch")
+    """Names, shapes, llama.cpp's q/k row order, tying and Qwen2's biases are read right; the kernels'
+    float path runs the same model."""
+    monkeypatch.setenv(dispatch.BACKEND_ENV, backend)
     for got, want in generate_both(tiny_gguf(tmp_path, arch, tied), 4):
         assert got.token_ids == want.token_ids
         assert chosen_logprobs(got) == pytest.approx(chosen_logprobs(want), abs=1e-3)
 
 
-def test_quantized_kernels_follow_float32_until_a_near_tie(gguf_llama: Path) -> None:
-    for got, want in generate_both(gguf_llama, 6):
+def test_int8_kernels_follow_float32_until_a_near_tie(gguf_llama: Path) -> None:
+    for got, want in generate_both(gguf_llama, 6, "int8"):
         pairs = zip(got.token_ids, want.token_ids, strict=True)
         same = next((i for i, (a, b) in enumerate(pairs) if a != b), None)
         end = len(got.token_ids) if same is None else same
@@ -92,6 +97,12 @@ def test_weights_stay_in_their_blocks(gguf_llama: Path) -> None:
     assert set(types) == set(TYPES) and all(size > 0 for size in types.values())
     facts = engine_facts(llm.engine)  # the worker's ready line
     assert facts["weight_bytes"] == types and facts["kernels"] in ("cpu", "torch")
+    if facts["kernels"] == "cpu":
+        assert facts["weight_kernels"] in (
+            "gguf float, AVX2",
+            "gguf float, AVX-512 VNNI",
+            "gguf float, scalar",
+        )
 
 
 def test_a_directory_without_a_gguf_file_says_so(tiny_llama: Path) -> None:

@@ -1,8 +1,13 @@
-"""The C++ quantized linear (kernels/cpu_quant_kernels.cpp) against de-quantize-then-matmul in float64.
+"""The C++ quantized linear (kernels/cpu_quant_kernels.cpp) against de-quantize-then-matmul in float64,
+on both of its paths.
 
-The kernel quantizes each activation row to int8 per 32-value block (scale d = max|x| / 127), so each
-activation is off by at most d / 2: the output may differ from the exact product by at most
-sum over blocks of (max|x_block| / 254) * sum |w_block|, plus float32 rounding. That bound is what the
+The float path de-quantizes the weights in registers (the reference's bits) and multiplies in float32
+FMAs: it differs from the exact product by float32 summation rounding only. Each of 16 lanes sums K / 16
+products, then 4 adds: at most (K / 16 + 4) roundings of 2**-24 relative to sum |x| |w|, the bound held
+here per output (2.1e-6 at K = 512); and it must be far inside one int8 rounding of the activations.
+The int8 path quantizes each activation row to int8 per 32-value block (scale d = max|x| / 127), so each
+activation is off by at most d / 2: the output may differ from the exact product by at most sum over
+blocks of (max|x_block| / 254) * sum |w_block|, plus float32 rounding. That bound is what the
 tests hold it to, per output. And exactly: a row's output is the same bits alone and in a batch of 64,
 and the same bits at every SIMD level the CPU has (scalar, AVX2, AVX-512 VNNI).
 """
@@ -39,6 +44,10 @@ def activations(rows: int, cols: int, seed: int = 1) -> torch.Tensor:
     return x
 
 
+def int8(x: torch.Tensor, stored: list[torch.Tensor], types: list[int], level: int = -1) -> torch.Tensor:
+    return kernels.cpu.quant_linear(x, stored, types, level, int8=True)
+
+
 def activation_bound(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """``[M, N]``: how far activation rounding can move each output (see the module's docstring)."""
     step = x.abs().view(x.shape[0], -1, 32).amax(-1) / 254  # [M, blocks]: half a quantization step
@@ -52,7 +61,7 @@ def activation_bound(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 def test_equals_dequantize_then_matmul_within_the_activation_rounding(type_name: str, m_rows: int) -> None:
     stored, x = weight(type_name, 37, 512), activations(m_rows, 512)
     ggml = quant_reference.TYPES[type_name].ggml_type
-    got = kernels.cpu.quant_linear(x, [stored], [ggml])
+    got = int8(x, [stored], [ggml])
     w = quant_reference.dequantize(stored, type_name)
     want = x.double() @ w.double().T
     error = (got.double() - want).abs()
@@ -64,15 +73,35 @@ def test_equals_dequantize_then_matmul_within_the_activation_rounding(type_name:
 
 
 @pytest.mark.parametrize("type_name", TYPES)
-def test_a_row_is_the_same_bits_alone_and_in_a_batch_at_every_level(type_name: str) -> None:
+@pytest.mark.parametrize("m_rows", [1, 3, 16, 70])
+def test_float_path_equals_dequantize_then_matmul_to_float32_rounding(type_name: str, m_rows: int) -> None:
+    stored, x = weight(type_name, 37, 512), activations(m_rows, 512)
+    ggml = quant_reference.TYPES[type_name].ggml_type
+    got = kernels.cpu.quant_linear(x, [stored], [ggml])
+    w = quant_reference.dequantize(stored, type_name)
+    want = x.double() @ w.double().T
+    error = (got.double() - want).abs()
+    bound = (512 / 16 + 4) * 2**-24 * (x.abs().double() @ w.abs().double().T)
+    assert (error <= bound).all(), f"worst {(error / bound).max():.2f}x the bound"
+    # Far inside what one int8 rounding of the activations would move it.
+    assert error.max() < 0.01 * activation_bound(x, w).min()
+
+
+@pytest.mark.parametrize("type_name", TYPES)
+@pytest.mark.parametrize("path", ["float", "int8"])
+def test_a_row_is_the_same_bits_alone_and_in_a_batch_at_every_level(type_name: str, path: str) -> None:
     stored, x = weight(type_name, 19, 256, seed=3), activations(64, 256, seed=4)
     ggml = quant_reference.TYPES[type_name].ggml_type
-    batch = kernels.cpu.quant_linear(x, [stored], [ggml])
+
+    def run(rows: torch.Tensor, level: int = -1) -> torch.Tensor:
+        return kernels.cpu.quant_linear(rows, [stored], [ggml], level, int8=path == "int8")
+
+    batch = run(x)
     for i in (0, 5, 63):
-        assert torch.equal(kernels.cpu.quant_linear(x[i : i + 1], [stored], [ggml]), batch[i : i + 1])
-        assert torch.equal(kernels.cpu.quant_linear(x[i : i + 3], [stored], [ggml])[0], batch[i])
+        assert torch.equal(run(x[i : i + 1]), batch[i : i + 1])
+        assert torch.equal(run(x[i : i + 3])[0], batch[i])
     for level in range(kernels.cpu.quant_level() + 1):
-        assert torch.equal(kernels.cpu.quant_linear(x, [stored], [ggml], level), batch), f"level {level}"
+        assert torch.equal(run(x, level), batch), f"level {level}"
 
 
 def test_weights_of_several_types_side_by_side() -> None:
@@ -81,9 +110,10 @@ def test_weights_of_several_types_side_by_side() -> None:
     stored = [weight(name, rows, 256, seed=i) for i, (name, rows) in enumerate(parts)]
     types = [quant_reference.TYPES[name].ggml_type for name, _ in parts]
     x = activations(5, 256)
-    got = kernels.cpu.quant_linear(x, stored, types)
-    alone = [kernels.cpu.quant_linear(x, [s], [t]) for s, t in zip(stored, types, strict=True)]
-    assert got.shape == (5, 40) and torch.equal(got, torch.cat(alone, dim=1))
+    for path in (False, True):
+        got = kernels.cpu.quant_linear(x, stored, types, int8=path)
+        alone = [kernels.cpu.quant_linear(x, [s], [t], int8=path) for s, t in zip(stored, types, strict=True)]
+        assert got.shape == (5, 40) and torch.equal(got, torch.cat(alone, dim=1))
 
 
 def test_refuses_a_weight_that_does_not_fit_k() -> None:

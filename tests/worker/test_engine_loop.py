@@ -14,7 +14,7 @@ import pytest
 import redis
 
 from core.states import JobStatus
-from core.streams import stream_key
+from core.streams import WATCHED_KEY, announce_reader, stream_key
 from tests.support.services import redis_url, wait_for
 from worker.engine import (
     LLM,
@@ -77,28 +77,44 @@ def test_runs_batch_together_and_end_with_what_the_engine_alone_generates(refere
     loop.streamer = TokenStreamer(url)
     ids = [reference.tokenizer.encode(prompt) for prompt in PROMPTS]
     runs = [flight(prompt_ids, **GREEDY) for prompt_ids in ids]
-    batch_run = flight(ids[0], **GREEDY, in_batch=True)
-    hand_over(loop, flights, *runs, batch_run)  # before the engine is built: all join its first step
+    batch_run, unread_run = flight(ids[0], **GREEDY, in_batch=True), flight(ids[1], **GREEDY)
+    pipe = redis.Redis.from_url(url).pipeline()
+    for run in [*runs, batch_run]:  # a reader follows each but one
+        announce_reader(pipe, run.job.id)
+    pipe.execute()
+    watchers = loop.streamer.watchers
+    wait_for(lambda: all(watchers.watched(run.job.id) for run in runs), 10, "the worker to see the readers")
+    hand_over(
+        loop, flights, *runs, batch_run, unread_run
+    )  # before the engine is built: all join its first step
     flights.wake.clear()
 
     loop.start()
     wait_for(lambda: ended(*runs, batch_run), 60, "every run to end")
     loop.streamer.close()
     expected = [out.outputs[0].text for out in reference.generate(ids, SamplingParams(**GREEDY))]
-    assert [run.result.choices[0].text for run in [*runs, batch_run]] == [*expected, expected[0]]
+    assert [run.result.choices[0].text for run in [*runs, batch_run, unread_run]] == [
+        *expected,
+        expected[0],
+        expected[1],
+    ]
     assert all(run.final == JobStatus.SUCCEEDED and run.finish_reason == "length" for run in runs)
     assert all(len(run.result.token_times_ms) == 8 == run.result.choices[0].completion_tokens for run in runs)
-    assert loop.stats()["peak_running"] == 4 and loop.stats()["num_running"] == 0
+    assert loop.stats()["peak_running"] == 5 and loop.stats()["num_running"] == 0
     assert flights.wake.is_set()  # an end wakes the flusher to write it at once
 
     broker = redis.Redis.from_url(url)
-    try:  # a run's new text is streamed live; a batch's jobs are not (their readers follow the row)
+    try:  # a read run's new text is streamed live; a batch's jobs (their readers follow the row) and a
+        # run nobody reads are not
         entries = [broker.xrange(stream_key(run.job.id)) for run in runs]
         texts = ["".join(fields.get(b"text", b"").decode() for _, fields in run) for run in entries]
         assert texts == expected and all(run[-1][1].get(b"end") == b"1" for run in entries)
-        assert not broker.exists(stream_key(batch_run.job.id))
+        assert not broker.exists(stream_key(batch_run.job.id)) and not broker.exists(
+            stream_key(unread_run.job.id)
+        )
     finally:
         broker.delete(*(stream_key(run.job.id) for run in runs))
+        broker.zrem(WATCHED_KEY, *(run.job.id for run in [*runs, batch_run]))
 
 
 def test_an_aborted_run_ends_as_its_abort_asked_and_frees_the_engine(reference, flights, loop):

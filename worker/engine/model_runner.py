@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
+import kernels.cpu as cpu_kernels
 from contract.engine import EngineConfig
 from kernels import AttentionMetadata, backend_for, copy_blocks
 from worker.engine.cuda_graphs import DecodeGraphs
@@ -76,11 +77,12 @@ class ModelRunner:
             config.quantization,
             config.seed,
             config.batch_invariant,
+            config.gguf_kernel,
         )
         self.batch_invariant = self.model.batch_invariant
         if config.batch_invariant and not self.batch_invariant:
             logger.warning(
-                "batch_invariant asked for, but it needs float32 on CPU with the C++ kernels and no "
+                "batch_invariant asked for, but it needs float32 on CPU with the C++ kernels and no fp16 "
                 "quantization: a request's tokens may depend on its batch"
             )
         self.num_blocks = self._num_kv_blocks(model_config)
@@ -92,6 +94,17 @@ class ModelRunner:
         """Bytes of weights per GGUF type under ``quantization="gguf"`` (e.g. ``{"Q4_1": ..., "Q8_0":
         ...}``), else empty."""
         return weight_types(self.model)
+
+    def weights_summary(self) -> dict[str, object]:
+        """For the worker's ready line, under ``quantization="gguf"``: the weights' bytes in memory per
+        type and which kernels multiply them (e.g. ``"gguf float, AVX2"``); else empty."""
+        types = self.weight_types
+        if not types:
+            return {}
+        if self.kernel_backend != "cpu":
+            return {"weight_bytes": types, "weight_kernels": "torch reference (de-quantize, float32 matmul)"}
+        level = ("scalar", "AVX2", "AVX-512 VNNI")[cpu_kernels.quant_level()]
+        return {"weight_bytes": types, "weight_kernels": f"gguf {self.config.gguf_kernel}, {level}"}
 
     # --- KV cache ---
 

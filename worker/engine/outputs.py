@@ -2,6 +2,8 @@
 
 from dataclasses import dataclass, field, replace
 
+from contract.token_times import token_times_ms
+
 # One generated position's log-probabilities: token id -> logprob (the sampled token and the top-k).
 TokenLogprobs = dict[int, float]
 
@@ -35,7 +37,8 @@ class CompletionOutput:
 @dataclass
 class RequestMetrics:
     """Monotonic timestamps (``time.monotonic()``, seconds) of one request's life. From ``LLMEngine.step``,
-    ``token_times`` holds only the new tokens' times, as the samples hold only the new tokens."""
+    ``token_times`` holds only the new tokens' times, as the samples hold only the new tokens;
+    ``token_times_ms`` are the same as the service reports them (contract/token_times.py)."""
 
     arrival_time: float
     first_scheduled_time: float | None = None
@@ -45,6 +48,11 @@ class RequestMetrics:
     # Seconds of engine steps charged to it so far: each step's wall time is split over its rows by the
     # tokens each computed (a prompt chunk of 500 tokens costs 500 times a decode token). Cumulative.
     engine_time: float = 0.0
+
+    @property
+    def token_times_ms(self) -> list[float]:
+        """Milliseconds since the request was added, one per token: the service's ``token_times_ms``."""
+        return token_times_ms(self.token_times, self.arrival_time)
 
     def record_token(self, now: float) -> None:
         if self.first_token_time is None:

@@ -1,17 +1,20 @@
 """A GGUF file's tensors as they are stored, memory-mapped: quantized ones as ``uint8 [rows, row_bytes]``
 of blocks (``kernels.quant_reference``), float ones in their dtype. Nothing is de-quantized or copied here.
 
-The ``gguf`` package parses the header and metadata; the tensors are built here, so that a tensor of a
-type pagedq does not run, or one that the file is too short to hold, fails with an error naming it.
+The header is read here (``_Header``), not by the ``gguf`` package: its reader makes a numpy array per
+element of every metadata array, and a tokenizer's vocabulary and merges made that ~160 MB of peak and
+~30 MB of kept heap for the default model's file. Arrays longer than 64 items (the tokenizer's, read
+from tokenizer.json instead) are skipped; a tensor of a type pagedq does not run, or one that the file is
+too short to hold, fails with an error naming it.
 """
 
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from gguf import GGUFReader, GGUFValueType
 from torch import Tensor
 
 from kernels.quant_reference import BY_GGML_TYPE, FLOAT_DTYPES, TYPES, QuantType, dequantize
@@ -39,11 +42,70 @@ class GGUFTensor:
         return dequantize(self.data.reshape(-1, self.data.shape[-1]), self.type.name).view(self.shape)
 
 
-class _HeaderReader(GGUFReader):
-    """``GGUFReader`` up to the tensor infos: the tensors are built by ``GGUFFile``."""
+SCALARS = {
+    0: "<B",
+    1: "<b",
+    2: "<H",
+    3: "<h",
+    4: "<I",
+    5: "<i",
+    6: "<f",
+    7: "<?",
+    10: "<Q",
+    11: "<q",
+    12: "<d",
+}
+STRING, ARRAY = 8, 9
+LONG_ARRAY = 64  # longer metadata arrays (vocabularies, merges) are skipped, not decoded
 
-    def _build_tensors(self, start_offs: int, fields: list) -> None:
-        self.tensor_start, self.tensor_fields = start_offs, fields
+
+class _Header:
+    """GGUF v2/v3's header over the mapped bytes: metadata, then each tensor's name, shape, type and
+    offset."""
+
+    def __init__(self, data: np.ndarray) -> None:
+        self.buf, self.at = memoryview(data), 4
+        if bytes(self.buf[:4]) != b"GGUF" or self.read("<I") not in (2, 3):
+            raise ValueError("no GGUF magic, or a version other than 2 or 3")
+        n_tensors, n_kv = self.read("<Q"), self.read("<Q")
+        self.metadata = {self.string(): self.value(self.read("<I")) for _ in range(n_kv)}
+        self.infos = [self.info() for _ in range(n_tensors)]
+        align = int(self.metadata.get("general.alignment") or 32)
+        self.data_start = -(-self.at // align) * align
+
+    def read(self, fmt: str) -> Any:
+        (value,) = struct.unpack_from(fmt, self.buf, self.at)
+        self.at += struct.calcsize(fmt)
+        return value
+
+    def string(self) -> str:
+        n = self.read("<Q")
+        if self.at + n > len(self.buf):
+            raise ValueError("a string runs past the end of the file")
+        self.at += n
+        return bytes(self.buf[self.at - n : self.at]).decode("utf-8", "replace")
+
+    def value(self, kind: int) -> Any:
+        if kind == STRING:
+            return self.string()
+        if kind in SCALARS:
+            return self.read(SCALARS[kind])
+        if kind != ARRAY:
+            raise ValueError(f"unknown metadata value type {kind}")
+        item, count = self.read("<I"), self.read("<Q")
+        if count <= LONG_ARRAY:
+            return [self.value(item) for _ in range(count)]
+        if item in SCALARS:
+            self.at += count * struct.calcsize(SCALARS[item])
+        else:
+            for _ in range(count):
+                self.value(item)
+        return None
+
+    def info(self) -> tuple[str, tuple[int, ...], int, int]:
+        name, n_dims = self.string(), self.read("<I")
+        dims = [self.read("<Q") for _ in range(n_dims)]
+        return name, tuple(reversed(dims)), self.read("<I"), self.read("<Q")
 
 
 @dataclass(frozen=True)
@@ -59,49 +121,39 @@ class GGUFFile:
     @classmethod
     def open(cls, path: Path) -> "GGUFFile":
         try:
-            reader = _HeaderReader(path, mode="c")  # copy-on-write: writable views, pages shared
-        except Exception as error:  # the package raises ValueError, IndexError, ... on a bad header
+            data = np.memmap(path, dtype=np.uint8, mode="c")  # copy-on-write: writable views, pages shared
+            header = _Header(data)
+        except (ValueError, struct.error, OSError) as error:
             raise GGUFError(f"{path}: not a readable GGUF file (corrupt or truncated?): {error}") from None
-        metadata = {name: _value(field) for name, field in reader.fields.items()}
-        tensors = [_tensor(path, reader, field) for field in reader.tensor_fields]
-        return cls(Path(path), metadata, {t.name: t for t in tensors})
+        tensors = [_tensor(path, data, header.data_start, *info) for info in header.infos]
+        return cls(Path(path), header.metadata, {t.name: t for t in tensors})
 
 
-def _value(field: Any) -> Any:
-    if not field.types or (field.types[0] == GGUFValueType.ARRAY and len(field.data) > 64):
-        return None  # vocabularies and merges: the tokenizer's, not read here
-    try:
-        return field.contents()
-    except Exception:  # a field the package cannot decode: not one the engine reads
-        return None
-
-
-def _tensor(path: Path, reader: _HeaderReader, field: Any) -> GGUFTensor:
-    _, name_bytes, _, dims, raw_type, offset = field.parts
-    name = bytes(name_bytes).decode("utf-8", "replace")
-    kind = BY_GGML_TYPE.get(int(raw_type[0]))
+def _tensor(
+    path: Path, data: np.ndarray, start: int, name: str, shape: tuple[int, ...], raw_type: int, offset: int
+) -> GGUFTensor:
+    kind = BY_GGML_TYPE.get(raw_type)
     if kind is None:
         raise GGUFError(
-            f"{path}: tensor {name!r} has GGML type {_type_name(int(raw_type[0]))}, which pagedq does not "
+            f"{path}: tensor {name!r} has GGML type {_type_name(raw_type)}, which pagedq does not "
             f"run; supported: {SUPPORTED_TYPES}"
         )
-    shape = tuple(int(d) for d in reversed(dims.tolist()))
     if shape[-1] % kind.block:
         raise GGUFError(
             f"{path}: tensor {name!r} ({kind.name}) has rows of {shape[-1]} values, not whole blocks"
         )
-    start = reader.tensor_start + int(offset[0])
+    start += offset
     rows = int(np.prod(shape[:-1], dtype=np.int64))
     nbytes = rows * kind.row_bytes(shape[-1])
-    if start + nbytes > reader.data.size:
+    if start + nbytes > data.size:
         raise GGUFError(
             f"{path}: tensor {name!r} ({kind.name}, {list(shape)}) needs bytes {start}..{start + nbytes} "
-            f"but the file has {reader.data.size}: truncated"
+            f"but the file has {data.size}: truncated"
         )
-    data = torch.from_numpy(reader.data[start : start + nbytes])
+    tensor = torch.from_numpy(data[start : start + nbytes])
     if kind.name in FLOAT_DTYPES:
-        return GGUFTensor(name, kind, shape, data.view(FLOAT_DTYPES[kind.name]).view(shape))
-    return GGUFTensor(name, kind, shape, data.view(*shape[:-1], kind.row_bytes(shape[-1])))
+        return GGUFTensor(name, kind, shape, tensor.view(FLOAT_DTYPES[kind.name]).view(shape))
+    return GGUFTensor(name, kind, shape, tensor.view(*shape[:-1], kind.row_bytes(shape[-1])))
 
 
 def _type_name(raw: int) -> str:

@@ -18,11 +18,12 @@ def float_rows(tensor: GGUFTensor, rows: torch.Tensor | None = None) -> torch.Te
 class GGUFLinear(nn.Module):
     """``x @ cat(parts).T (+ bias)`` with the parts' rows side by side (a fused q/k/v or gate/up
     projection whose parts the file may store in different types). Quantized parts run in the quantized
-    kernels (``kernels.quant_linear``); float parts (rare: F32/F16/BF16 matrices) as float32."""
+    kernels (``kernels.quant_linear``: ``int8`` picks its integer path); float parts (rare: F32/F16/BF16
+    matrices) as float32."""
 
-    def __init__(self, parts: list[GGUFTensor], bias: torch.Tensor | None = None) -> None:
+    def __init__(self, parts: list[GGUFTensor], bias: torch.Tensor | None = None, int8: bool = False) -> None:
         super().__init__()
-        self.parts = parts
+        self.parts, self.int8 = parts, int8
         self.quantized = all(part.type.dequantize_blocks is not None for part in parts)
         self.dense = None if self.quantized else torch.cat([float_rows(part) for part in parts])
         self.bias = bias
@@ -39,7 +40,8 @@ class GGUFLinear(nn.Module):
         if self.dense is not None:
             out = x @ self.dense.T
         else:
-            out = quant_linear(x.reshape(-1, x.shape[-1]), [p.data for p in self.parts], self.type_names)
+            parts = [p.data for p in self.parts]
+            out = quant_linear(x.reshape(-1, x.shape[-1]), parts, self.type_names, self.int8)
             out = out.view(*x.shape[:-1], -1)
         return out if self.bias is None else out + self.bias
 

@@ -40,7 +40,10 @@ def find_gguf(model_dir: Path) -> Path:
     return files[0]
 
 
-def load_gguf_model(config: ModelConfig, max_positions: int, path: Path) -> LlamaForCausalLM:
+def load_gguf_model(
+    config: ModelConfig, max_positions: int, path: Path, int8: bool = False
+) -> LlamaForCausalLM:
+    """``int8``: the linears run the kernels' integer path (``GGUFLinear``), else their float one."""
     file = GGUFFile.open(path)
     if file.architecture not in ARCHITECTURES:
         raise GGUFError(
@@ -50,7 +53,7 @@ def load_gguf_model(config: ModelConfig, max_positions: int, path: Path) -> Llam
     with torch.device("meta"):
         model = LlamaForCausalLM(config, max_positions, torch.float32)
     model.rotary = RotaryEmbedding(config.hf_config, config.head_dim, max_positions, torch.float32)
-    Weights(file, config).fill(model)
+    Weights(file, config, int8).fill(model)
     left = [name for name, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
     if left:
         raise GGUFError(f"{path}: no weights for {left[:3]}")
@@ -67,8 +70,8 @@ def load_gguf_model(config: ModelConfig, max_positions: int, path: Path) -> Llam
 class Weights:
     """The file's tensors by their role, checked against the config's shapes."""
 
-    def __init__(self, file: GGUFFile, config: ModelConfig) -> None:
-        self.file, self.config = file, config
+    def __init__(self, file: GGUFFile, config: ModelConfig, int8: bool = False) -> None:
+        self.file, self.config, self.int8 = file, config, int8
         self.used: set[str] = set()
 
     def get(self, name: str, shape: tuple[int, ...]) -> GGUFTensor:
@@ -93,7 +96,7 @@ class Weights:
         output = "token_embd.weight" if c.tie_word_embeddings else "output.weight"
         if "output.weight" in self.file.tensors:
             output = "output.weight"  # a file may untie what the config ties
-        model.lm_head = GGUFLinear([self.get(output, (c.vocab_size, c.hidden_size))])
+        model.lm_head = self.linear([self.get(output, (c.vocab_size, c.hidden_size))])
         model.norm.weight = self.norm("output_norm.weight")
         for i, layer in enumerate(model.layers):
             self.fill_layer(i, layer)
@@ -107,14 +110,17 @@ class Weights:
             self.rows(f"{blk}.attn_k.weight", (kv, hidden), c.num_kv_heads),
             self.get(f"{blk}.attn_v.weight", (kv, hidden)),
         ]
-        attn.qkv_proj = GGUFLinear(parts, self.qkv_bias(blk, q, kv) if c.qkv_bias else None)
-        attn.o_proj = GGUFLinear([self.get(f"{blk}.attn_output.weight", (hidden, q))])
+        attn.qkv_proj = self.linear(parts, self.qkv_bias(blk, q, kv) if c.qkv_bias else None)
+        attn.o_proj = self.linear([self.get(f"{blk}.attn_output.weight", (hidden, q))])
         inter = c.intermediate_size
         gate_up = [self.get(f"{blk}.ffn_{part}.weight", (inter, hidden)) for part in ("gate", "up")]
-        mlp.gate_up_proj = GGUFLinear(gate_up)
-        mlp.down_proj = GGUFLinear([self.get(f"{blk}.ffn_down.weight", (hidden, inter))])
+        mlp.gate_up_proj = self.linear(gate_up)
+        mlp.down_proj = self.linear([self.get(f"{blk}.ffn_down.weight", (hidden, inter))])
         layer.input_layernorm.weight = self.norm(f"{blk}.attn_norm.weight")
         layer.post_attention_layernorm.weight = self.norm(f"{blk}.ffn_norm.weight")
+
+    def linear(self, parts: list[GGUFTensor], bias: torch.Tensor | None = None) -> GGUFLinear:
+        return GGUFLinear(parts, bias, self.int8)
 
     def rows(self, name: str, shape: tuple[int, ...], heads: int) -> GGUFTensor:
         """A q or k projection with its rows in Hugging Face's order (see the module's docstring)."""

@@ -7,6 +7,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from kernels import backend_for
 from worker.engine.model.cpu_linears import pack_linears
 from worker.engine.model.gguf_loader import find_gguf, load_gguf_model
 from worker.engine.model.llama import LlamaForCausalLM
@@ -33,11 +34,15 @@ def load_model(
     quantization: str = "none",
     seed: int = 0,
     batch_invariant: bool = False,
+    gguf_kernel: str = "float",
 ) -> LlamaForCausalLM:
     """The model, filled and with its linears packed for the device (``cpu_linears.pack_linears``); its
     ``batch_invariant`` says whether they came out batch-invariant."""
     if quantization == "gguf":
-        return load_gguf(config, max_positions, dtype, device, load_format)
+        model = load_gguf(config, max_positions, dtype, device, load_format, gguf_kernel)
+        # Both GGUF kernel paths compute a row from that row alone, in a fixed order.
+        model.batch_invariant = batch_invariant and backend_for(device) == "cpu"
+        return model
     default_dtype = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
@@ -55,7 +60,12 @@ def load_model(
 
 
 def load_gguf(
-    config: ModelConfig, max_positions: int, dtype: torch.dtype, device: torch.device, load_format: str
+    config: ModelConfig,
+    max_positions: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    load_format: str,
+    kernel: str = "float",
 ) -> LlamaForCausalLM:
     if device.type != "cpu" or dtype != torch.float32 or load_format != "safetensors":
         raise ValueError(
@@ -64,7 +74,7 @@ def load_gguf(
         )
     if config.path is None:
         raise ValueError("quantization='gguf' needs a model directory")
-    return load_gguf_model(config, max_positions, find_gguf(config.path))
+    return load_gguf_model(config, max_positions, find_gguf(config.path), int8=kernel == "int8")
 
 
 def fill_random(model: LlamaForCausalLM, seed: int = 0) -> None:
