@@ -5,7 +5,19 @@ import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import JSON, DateTime, ForeignKey, Index, LargeBinary, String, Text, TypeDecorator, inspect
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    DateTime,
+    ForeignKey,
+    Index,
+    LargeBinary,
+    String,
+    Text,
+    TypeDecorator,
+    inspect,
+    text,
+)
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 from sqlalchemy.sql import ColumnElement
@@ -167,6 +179,9 @@ class Job(Base):
     # When it should be done (its batch's completion_window): among queued jobs of equal aged priority the
     # earliest deadline is claimed first (worker/fair.py); None: none, claimed after those that have one.
     deadline_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # Its prompt's leading blocks, hashed as the engine's prefix cache does (contract/prefix.py): jobs with
+    # the same key share those blocks' KV, so a worker holding them claims them first (worker/fair.py).
+    prefix_key: Mapped[int | None] = mapped_column(BigInteger)
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)  # claimed by a worker: running from then
     first_token_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
@@ -180,6 +195,24 @@ class Job(Base):
         Index("ix_jobs_batch_id_status", "batch_id", "status"),
         Index("ix_jobs_finished_at", "finished_at"),
         Index("ix_jobs_key_id_status", "key_id", "status"),
+        # The claim's pick (worker/fair.py): queued jobs by owner, priority and window, each group's in order.
+        Index(
+            "ix_jobs_fair_heads",
+            "model",
+            text("coalesce(key_id, '')"),
+            "priority",
+            text("coalesce(deadline_at - queued_at, interval '-1 second')"),
+            "queued_at",
+            "id",
+            postgresql_where=text("status = 'queued' AND NOT cancel_requested"),
+        ).ddl_if(dialect="postgresql"),
+        # Step 5's probe for a held prefix among a batch's queued lines (worker/fair.py).
+        Index(
+            "ix_jobs_queued_prefix",
+            "prefix_key",
+            "id",
+            postgresql_where=text("status = 'queued' AND NOT cancel_requested AND prefix_key IS NOT NULL"),
+        ).ddl_if(dialect="postgresql"),
     )
 
     @property
@@ -244,6 +277,8 @@ class Worker(Base):
     started_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     heartbeat_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     stats: Mapped[dict[str, float]] = mapped_column(JSONType, default=dict)
+    # The prefix keys (jobs.prefix_key) whose blocks its engine holds now, sent with each heartbeat.
+    prefix_keys: Mapped[list[int] | None] = mapped_column(JSONType)
 
     @classmethod
     def alive(cls, heartbeat_timeout: float) -> ColumnElement[bool]:
@@ -299,6 +334,10 @@ class Batch(Base):
     # output is written; ``retained_until`` is set when the batch ends (``expires_at`` is its window's end).
     output_expires_after: Mapped[int | None]
     retained_until: Mapped[datetime | None] = mapped_column(UTCDateTime, index=True)
+    # While it runs, every reconcile round (worker/estimates.py): when it should end at its model's measured
+    # rate, and since when that is past ``expires_at`` (its one ``batch.at_risk`` event was recorded then).
+    estimated_completion_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    at_risk_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
     __table_args__ = (Index("ix_batches_status", "status"),)
 

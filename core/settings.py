@@ -99,6 +99,9 @@ class Settings(EngineSettings):
     # Fair share (worker/fair.py): a message is a ticket; the claim takes the fairest queued job.
     fair_share: bool = True  # off: a message claims its own job (broker order)
     fair_aging_seconds: float = 30.0  # a job gains one priority point on jobs submitted this much later
+    # Jobs get a prefix key at submission and workers prefer the queued jobs whose prompt prefix they hold
+    # (worker/fair.py, contract/prefix.py); off: neither (a batch's lines run in input order).
+    prefix_aware_order: bool = True
     batch_priority: int = 10  # a batch's default priority; single jobs and online requests default to 0
 
     @property

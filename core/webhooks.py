@@ -29,7 +29,7 @@ from core.states import JobStatus
 logger = logging.getLogger(__name__)
 
 JobEvent = Literal["job.succeeded", "job.failed", "job.cancelled"]
-BatchEvent = Literal["batch.completed", "batch.failed", "batch.cancelled", "batch.expired"]
+BatchEvent = Literal["batch.completed", "batch.failed", "batch.cancelled", "batch.expired", "batch.at_risk"]
 JOB_EVENTS: frozenset[str] = frozenset(get_args(JobEvent))
 BATCH_EVENTS: frozenset[str] = frozenset(get_args(BatchEvent))
 

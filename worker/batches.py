@@ -1,5 +1,6 @@
 """Batches end here: each reconcile round a worker expires batches past their window, stops what a
-cancelled or expired batch still runs, and finalizes batches whose jobs have all ended.
+cancelled or expired batch still runs, estimates when the others will end (worker/estimates.py), and
+finalizes batches whose jobs have all ended.
 
 Finalizing: claim the batch (``in_progress | cancelling → finalizing``, a conditional UPDATE, so one
 worker wins), write its output and error files, then in one transaction store them and move the batch
@@ -21,6 +22,7 @@ from core.retention import deadline
 from core.states import BatchStatus, JobStatus
 from core.webhooks import Outbox
 from worker.batch_output import result_files
+from worker.estimates import Estimator
 
 logger = logging.getLogger("pagedq.worker")
 RUNNING_BATCH = (BatchStatus.IN_PROGRESS, BatchStatus.CANCELLING)
@@ -39,6 +41,7 @@ class BatchKeeper:
             return
         self.expire()
         self.stop_unfinished()
+        self.estimate()
         for batch_id in self.ready():
             self.finalize(batch_id)
 
@@ -66,6 +69,12 @@ class BatchKeeper:
             logger.info(
                 "batch window ran out; its unfinished requests are cancelled", extra={"batch_id": batch_id}
             )
+
+    def estimate(self) -> None:
+        """Every running batch's estimated end; a ``batch.at_risk`` event for one newly late."""
+        with self.sessions.begin() as session:
+            deliveries = Estimator(self.outbox).estimate(session)
+        self.outbox.publish(deliveries)
 
     def stop_unfinished(self) -> None:
         """Cancellation again for every cancelling or expired batch: a job requeued meanwhile stops too."""

@@ -105,7 +105,7 @@ class Claimer:
         it; None if another thread is claiming the message's own job (a duplicate message)."""
         while True:
             with self.turns:  # what the others reserved while this thread waited for its turn counts
-                chosen = self.store.pick(job_id, self.flights.claimed_or_held())
+                chosen = self.store.pick(job_id, self.flights.claimed_or_held(), self.worker_id)
             if chosen is not None and chosen != job_id:
                 if self.flights.reserve(chosen, unless_held=True):
                     return chosen, True

@@ -8,7 +8,8 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
@@ -20,6 +21,8 @@ from worker.os_threads import name_this_thread
 from worker.streamer import TokenStreamer
 
 logger = logging.getLogger("pagedq.worker")
+
+RECENT_PREFIXES = 256  # the prefix keys of the last runs added, checked against the cache after each step
 
 
 @dataclass(frozen=True)
@@ -59,6 +62,7 @@ class Engine(Protocol):
     def has_unfinished_requests(self) -> bool: ...
     def step(self) -> list[RequestOutput]: ...
     def stats(self) -> EngineStats: ...
+    def cached_prefixes(self, keys: Iterable[int]) -> list[int]: ...
 
 
 E = TypeVar("E", bound=Engine)
@@ -77,6 +81,8 @@ class EngineLoop(Generic[E]):
         self._stats: dict[str, float] = {}
         self._peak_running = 0
         self._token_texts: dict[int, str] = {}
+        self._recent_prefixes: OrderedDict[int, None] = OrderedDict()  # of the runs added, newest last
+        self._held_prefixes: frozenset[int] = frozenset()
         self._step_cpu = 0.0  # this thread's CPU seconds inside step(), and its engine's build
         self._thread = threading.Thread(target=self._run, name="pagedq-engine", daemon=True)
 
@@ -107,6 +113,11 @@ class EngineLoop(Generic[E]):
     def stats(self) -> dict[str, float]:
         """The engine's stats after its last step, for the worker's heartbeat."""
         return dict(self._stats) or {"num_running": 0, "num_waiting": 0, "kv_cache_usage": 0.0}
+
+    def held_prefixes(self) -> frozenset[int]:
+        """The prefix keys (jobs.prefix_key) of recent runs whose blocks the engine's cache holds, as of
+        its last step: what the claim prefers (worker/fair.py) and the heartbeat publishes."""
+        return self._held_prefixes
 
     def _run(self) -> None:
         name_this_thread("pagedq-engine", bookkeeping=False)
@@ -155,6 +166,12 @@ class EngineLoop(Generic[E]):
             case AddRun(flight) if flight.final is not None:
                 pass  # claimed while a step failed, and failed with it: it ends once, out of the engine
             case AddRun(flight):
+                job = flight.job
+                if job.prefix_key is not None:
+                    self._recent_prefixes[job.prefix_key] = None
+                    self._recent_prefixes.move_to_end(job.prefix_key)
+                    if len(self._recent_prefixes) > RECENT_PREFIXES:
+                        self._recent_prefixes.popitem(last=False)
                 try:
                     self._add_request(flight)
                 except (ValueError, TypeError) as error:
@@ -203,6 +220,7 @@ class EngineLoop(Generic[E]):
         self.engine.step()  # collects the aborts so the engine is empty again
 
     def _update_stats(self) -> None:
+        self._held_prefixes = frozenset(self.engine.cached_prefixes(self._recent_prefixes))
         stats = self.engine.stats()
         self._peak_running = max(self._peak_running, stats.num_running)
         self._stats = {

@@ -8,17 +8,80 @@ Best first:
    fewest, so keys with work waiting share the seats evenly whatever their backlogs (NULL, auth off, is
    one more key).
 3. ``deadline_at`` (a batch's completion_window), earliest first; a job without one after those with one.
-4. ``queued_at``, then id: first come, first served.
+4. ``queued_at``: first come, first served.
+5. With prefix-aware order (``PAGEDQ_PREFIX_AWARE_ORDER``), among the jobs submitted with the fairest one
+   (its owner's, at its priority, window and queued_at: a batch's lines), those whose prefix key this
+   worker holds (its runs, its engine's cache), then those no other worker holds, then the rest. A worker
+   that claimed a document's first line so claims its other lines next: a batch runs document by
+   document, in the order of each document's first line, and two workers take different documents.
+6. id (a batch's lines: input order).
+
+How it is found without reading every queued row (PostgreSQL): queued jobs fall into groups of one owner,
+one priority and one window (``deadline_at - queued_at``: a job's completion_window, exactly, for jobs and
+batch lines alike). Within a group the order above is the order of (queued_at, id): the aged
+priority and the deadline only grow with queued_at, the owner's running jobs are one number. So the
+fairest job is the fairest of the groups' first rows. ``ix_jobs_fair_heads`` holds the queued jobs in
+exactly that order; the pick walks it group to group (a recursive skip scan, one index probe per group),
+takes each group's first row, and orders those few by the rule above; step 5 then probes the fairest
+row's batch for a line whose key this worker holds (``ix_jobs_queued_prefix``, a probe per key). The cost is
+per group (owners x priorities x windows in the queue), not per queued job.
 """
 
-from sqlalchemy import Integer, case, cast, extract, literal
+from collections.abc import Collection
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from sqlalchemy import (
+    BigInteger,
+    Integer,
+    Select,
+    case,
+    cast,
+    column,
+    extract,
+    literal,
+    literal_column,
+    not_,
+    or_,
+    select,
+    true,
+    tuple_,
+    values,
+)
 from sqlalchemy.sql import ColumnElement
 
 from core.models import Job
 
+# A group of queued jobs: owner (NULL, auth off, is '' here), priority, window (none: -1 s).
+GROUP = (
+    literal_column("coalesce(jobs.key_id, '')"),
+    Job.priority,
+    literal_column("coalesce(jobs.deadline_at - jobs.queued_at, interval '-1 second')"),
+)
+NO_WINDOW = timedelta(seconds=-1)
+# Literal, so that the planner proves ix_jobs_fair_heads' predicate whatever plan it caches.
+QUEUED_ROWS = (literal_column("jobs.status = 'queued'"), not_(Job.cancel_requested))
 
-def fair_order(running: dict[str | None, int], aging: float) -> list[ColumnElement[object]]:
-    """ORDER BY for queued jobs; ``running``: each key's running jobs on the model (absent: none)."""
+
+@dataclass(frozen=True)
+class Prefixes:
+    """Prefix keys held: by this worker (its runs, its engine's cache) and by the others."""
+
+    mine: frozenset[int] = frozenset()
+    others: frozenset[int] = frozenset()
+
+    def rank(self) -> ColumnElement[int]:
+        """0: held here; 1: held by no worker (or no key); 2: held by another worker."""
+        whens = [(Job.prefix_key.in_(self.mine), 0)] if self.mine else []
+        whens += [(Job.prefix_key.in_(self.others), 2)] if self.others else []
+        return case(*whens, else_=1) if whens else literal(1)
+
+
+def fair_order(
+    running: dict[str | None, int], aging: float, prefixes: Prefixes | None = None
+) -> list[ColumnElement[object]]:
+    """ORDER BY for queued jobs; ``running``: each key's running jobs on the model (absent: none);
+    ``prefixes``: the prefix keys held (step 5), None: no preference."""
     aged = cast(extract("epoch", Job.queued_at) / aging, Integer)
     held: ColumnElement[int] = literal(0)
     if running:
@@ -26,4 +89,80 @@ def fair_order(running: dict[str | None, int], aging: float) -> list[ColumnEleme
             *((Job.key_id.is_(None) if key is None else Job.key_id == key, n) for key, n in running.items()),
             else_=0,
         )
-    return [Job.priority + aged, held, Job.deadline_at.asc().nulls_last(), Job.queued_at, Job.id]
+    order = [Job.priority + aged, held, Job.deadline_at.asc().nulls_last(), Job.queued_at]
+    if prefixes is not None:
+        order.append(prefixes.rank())
+    return [*order, Job.id]
+
+
+def fairest(
+    model: str, skip: Collection[str], running: dict[str | None, int], aging: float, indexed: bool
+) -> Select[tuple[str, int | None, str | None, int, datetime | None, datetime]]:
+    """The fairest queued job of ``model`` but those in ``skip`` (steps 1-4 and 6: no prefix preference),
+    with what ``Submitted`` needs; ``indexed``: through the groups' heads (PostgreSQL), else by ordering
+    every queued row (SQLite, the embedded mode's few)."""
+    queued = _queued(model, skip)
+    candidates = _heads(model, queued) if indexed else select(Job.id).where(*queued)
+    columns = (Job.id, Job.prefix_key, Job.key_id, Job.priority, Job.deadline_at, Job.queued_at)
+    statement = select(*columns).where(Job.id.in_(candidates)).order_by(*fair_order(running, aging))
+    return statement.limit(1)
+
+
+@dataclass(frozen=True)
+class Submitted:
+    """The rows submitted with the fairest job: its owner's, at its priority, window and queued_at (a
+    batch's lines). Step 5 reorders only these: it cannot pass a better job (steps 1-4 are theirs)."""
+
+    model: str
+    skip: Collection[str]
+    key_id: str | None
+    priority: int
+    deadline_at: datetime | None
+    queued_at: datetime
+    indexed: bool  # by GROUP, so that ix_jobs_fair_heads finds them (PostgreSQL)
+
+    def mine(self, prefixes: Prefixes) -> Select[tuple[str]]:
+        """The first of them whose prefix this worker holds: a probe per key."""
+        if not self.indexed:
+            held_here = self._rows().where(Job.prefix_key.in_(prefixes.mine))
+            return held_here.order_by(Job.id).limit(1)
+        held = values(column("key", BigInteger), name="held").data([(key,) for key in prefixes.mine])
+        first = self._rows().where(Job.prefix_key == held.c.key).order_by(Job.id).limit(1).lateral("first")
+        return select(first.c.id).select_from(held).join(first, true()).order_by(first.c.id).limit(1)
+
+    def free(self, prefixes: Prefixes) -> Select[tuple[str]]:
+        """The first of them whose prefix no other worker holds (skipping those the others hold)."""
+        free = or_(Job.prefix_key.is_(None), Job.prefix_key.not_in(prefixes.others))
+        return self._rows().where(free).order_by(Job.id).limit(1)
+
+    def _rows(self) -> Select[tuple[str]]:
+        if self.indexed:
+            window = NO_WINDOW if self.deadline_at is None else self.deadline_at - self.queued_at
+            group = (self.key_id or "", self.priority, window)
+            same = [c == literal(v) for c, v in zip(GROUP, group, strict=True)]
+        else:
+            owner, deadline = Job.key_id, Job.deadline_at
+            same = [owner.is_not_distinct_from(self.key_id), deadline.is_not_distinct_from(self.deadline_at)]
+            same.append(Job.priority == self.priority)
+        return select(Job.id).where(*_queued(self.model, self.skip), *same, Job.queued_at == self.queued_at)
+
+
+def _queued(model: str, skip: Collection[str]) -> list[ColumnElement[bool]]:
+    queued = [Job.model == model, *QUEUED_ROWS]
+    if skip:
+        queued.append(Job.id.not_in(skip))
+    return queued
+
+
+def _heads(model: str, queued: list[ColumnElement[bool]]) -> Select[tuple[str]]:
+    """The first row of every group of queued jobs: candidates that hold the fairest."""
+    ours = (Job.model == model, *QUEUED_ROWS)  # a group is found whatever ``skip`` holds
+    named = [c.label(f"g{i}") for i, c in enumerate(GROUP)]
+    groups = select(*named).where(*ours).order_by(*GROUP).limit(1).cte("fair_groups", recursive=True)
+    after = tuple_(*GROUP) > tuple_(*groups.c)
+    following = select(*named).where(*ours, after).order_by(*GROUP).limit(1).lateral("next_group")
+    groups = groups.union_all(select(*following.c).select_from(groups).join(following, true()))
+    in_group = (c == g for c, g in zip(GROUP, groups.c, strict=True))
+    order = (Job.queued_at, Job.id)  # the index's, in a group
+    head = select(Job.id).where(*queued, *in_group).order_by(*order).limit(1).lateral("head")
+    return select(head.c.id).select_from(groups).join(head, true())

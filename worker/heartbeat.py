@@ -9,7 +9,7 @@ take its jobs over once its heartbeat ages.
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 from sqlalchemy.exc import SQLAlchemyError
@@ -30,6 +30,7 @@ class Heartbeat:
     engine_stats: Callable[[], dict[str, float]]
     writes_work: Callable[[], bool]  # the flusher's last round went through
     connectivity: Connectivity
+    held_prefixes: Callable[[], Collection[int]] = tuple  # published for the other workers' claims
 
     def __post_init__(self) -> None:
         self._stopping = threading.Event()
@@ -62,7 +63,7 @@ class Heartbeat:
         tokens = stats.get("num_generated_tokens", 0.0)
         rate = (tokens - self._last_tokens) / (now - self._last_time)
         try:
-            self.store.heartbeat(self.worker_id, stats | {"tokens_per_s": rate})
+            self.store.heartbeat(self.worker_id, stats | {"tokens_per_s": rate}, self.held_prefixes())
         except SQLAlchemyError as error:  # the flusher's failing rounds say it; so does health
             self.connectivity.failed()
             logger.debug("heartbeat failed", extra={"error": describe(error)})

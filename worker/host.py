@@ -31,6 +31,7 @@ class EngineKind:
     result_of: Callable[[dict[str, Any], float], JobResult | EmbeddingResult]  # a claimed run's result
     facts: Callable[[Any], dict[str, Any]]  # the engine's, for the ready line
     streams: bool = True  # whether runs' text goes to Redis streams
+    identity: Callable[[Any], dict[str, Any]] | None = None  # what serves its runs, for manifests
 
 
 @dataclass

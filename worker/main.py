@@ -98,7 +98,10 @@ def generation(engine_config: EngineConfig) -> EngineKind:
     """A worker of a chat model: an ``LLMEngine`` of ``engine_config``."""
     build = lambda: LLMEngine(engine_config)  # noqa: E731
     return EngineKind(
-        lambda flights, streamer: EngineLoop(build, flights, streamer), JobResult.of, engine_facts
+        lambda flights, streamer: EngineLoop(build, flights, streamer),
+        JobResult.of,
+        engine_facts,
+        identity=served_by,
     )
 
 
@@ -119,7 +122,14 @@ def serve(
     outbox = Outbox(settings, app)  # job ends become webhook deliveries, published by the flusher thread
     connections = WorkerConnections.connect(settings)
     fair_aging = settings.fair_aging_seconds if settings.fair_share else None
-    store = JobStore(connections.job_sessions, entry.name, outbox, settings.max_attempts, fair_aging)
+    store = JobStore(
+        connections.job_sessions,
+        entry.name,
+        outbox,
+        settings.max_attempts,
+        fair_aging,
+        prefix_aware=settings.prefix_aware_order,
+    )
     url = streams_url(settings) if kind.streams else None
     streamer = TokenStreamer(url) if url else None
     health = WorkerHealth(settings.resolved_worker_status_file, settings.heartbeat_period, worker_id)
@@ -152,7 +162,8 @@ def serve(
     facts = {"worker_id": worker_id, "model": entry.name, "kind": entry.kind, "queue": queue}
     handle_signals(host, settings, facts, ready_fd, kind.facts)
     host.start()
-    store.served_by = served_by(host.loop.engine)  # before Celery consumes: every claim records it
+    if kind.identity is not None:  # before Celery consumes: every claim records it
+        store.served_by = kind.identity(host.loop.engine)
     stop_reconciling = threading.Event()
     threading.Thread(
         target=reconciler.run, args=(settings.reconcile_interval, stop_reconciling), daemon=True
@@ -201,7 +212,10 @@ def engine_host(
         connectivity=connectivity,
     )
     period = settings.heartbeat_period
-    heartbeat = Heartbeat(heartbeats, worker_id, period, loop.stats, flusher.writes_work, connectivity)
+    store.held_prefixes = loop.held_prefixes  # the claim prefers them; the heartbeat publishes them
+    heartbeat = Heartbeat(
+        heartbeats, worker_id, period, loop.stats, flusher.writes_work, connectivity, loop.held_prefixes
+    )
     claimer = Claimer(flights, store, worker_id, drain, loop.add, flusher.backoff, turns, kind.result_of)
     return EngineHost(claimer, loop, flusher, heartbeat, health)
 

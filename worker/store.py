@@ -4,7 +4,8 @@ Every write to a job is conditional on the attempt that claimed it, so a stale d
 redelivered message, a worker presumed dead) can never overwrite what the current run wrote.
 """
 
-from collections import defaultdict
+from collections import Counter, defaultdict
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -25,6 +26,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Row
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -33,7 +35,7 @@ from core.models import FRESH_RESULTS, Job, TokenTimes, Worker, storable, utcnow
 from core.states import JobStatus
 from core.timings import joined
 from core.webhooks import Outbox
-from worker.fair import fair_order
+from worker.fair import Prefixes, Submitted, fairest
 
 
 def database_away(error: BaseException) -> bool:
@@ -64,6 +66,7 @@ class ClaimedJob:
     priority: int
     in_batch: bool  # a batch's jobs are not streamed live: their output is read from the files
     resume: Resume | None = None  # None: it starts from its first token
+    prefix_key: int | None = None  # contract/prefix.py
 
 
 def resumable(params: dict[str, Any]) -> bool:
@@ -161,6 +164,17 @@ def append_token_times(dialect: str) -> Insert:
     )
 
 
+def _preferred(session: Session, rows: Submitted, best: Row[Any], prefixes: Prefixes) -> str:
+    """Fair share's step 5 among ``rows``, whose first (by id) is ``best``."""
+    if best.prefix_key in prefixes.mine:
+        return best.id  # type: ignore[no-any-return]
+    if prefixes.mine and (mine := session.scalar(rows.mine(prefixes))) is not None:
+        return mine
+    if best.prefix_key is None or best.prefix_key not in prefixes.others:
+        return best.id  # type: ignore[no-any-return]
+    return session.scalar(rows.free(prefixes)) or best.id
+
+
 @dataclass
 class JobStore:
     sessions: sessionmaker[Session]
@@ -169,28 +183,45 @@ class JobStore:
     max_attempts: int = 3  # runs a job may start; when the last one is abandoned too, the job fails
     fair_aging: float | None = None  # fair share's aging (worker/fair.py); None: a message claims its own job
     served_by: dict[str, Any] | None = None  # what serves its jobs (worker/engine's identity), stored per run
+    prefix_aware: bool = False  # fair share's step 5 (worker/fair.py): runs holding a prompt's prefix first
+    held_prefixes: Callable[[], frozenset[int]] = frozenset  # the prefix keys this worker's engine holds
 
     @property
     def fair(self) -> bool:
         return self.fair_aging is not None
 
-    def pick(self, job_id: str, skip: set[str]) -> str | None:
+    def pick(self, job_id: str, skip: set[str], worker_id: str = "") -> str | None:
         """The job that the message for ``job_id`` claims: with fair share, the fairest queued job of the
         model but those in ``skip`` (being claimed or run here), or None when there is none (the message is
         a spare ticket); without, its own. Jobs being claimed count as their key's running ones, so threads
-        claiming at once share too."""
+        claiming at once share too. With prefix-aware order, among the rows submitted with the fairest
+        job: one whose prefix this worker holds, else one that no other worker holds (``worker_id``: this
+        worker's row, whose published keys are not another's)."""
         if self.fair_aging is None:
             return job_id
-        ours = (Job.model == self.model,)
         with self.sessions() as session:
             held_here = or_(Job.status == JobStatus.RUNNING, Job.id.in_(skip))
-            running = select(Job.key_id, func.count()).where(*ours, held_here)
-            held = {key: count for key, count in session.execute(running.group_by(Job.key_id)).all()}
-            queued = (Job.status == JobStatus.QUEUED, Job.cancel_requested.is_(False), Job.id.not_in(skip))
-            fairest = (
-                select(Job.id).where(*ours, *queued).order_by(*fair_order(held, self.fair_aging)).limit(1)
-            )
-            return session.scalar(fairest)
+            running = select(Job.id, Job.key_id, Job.prefix_key).where(Job.model == self.model, held_here)
+            rows = session.execute(running).all()
+            held = Counter(row.key_id for row in rows)
+            indexed = session.get_bind().dialect.name == "postgresql"
+            best = session.execute(fairest(self.model, skip, held, self.fair_aging, indexed)).one_or_none()
+            if best is None or not self.prefix_aware:
+                return None if best is None else best.id
+            submitted = Submitted(self.model, skip, *best[2:], indexed)
+            return _preferred(session, submitted, best, self._prefixes(session, rows, skip, worker_id))
+
+    def _prefixes(
+        self, session: Session, running: list[Row[Any]], skip: set[str], worker_id: str
+    ) -> Prefixes:
+        """Held here: this worker's runs' prefix keys and its engine's cache; held elsewhere: the other
+        workers' runs' and what their heartbeats published."""
+        mine = {row.prefix_key for row in running if row.id in skip} | self.held_prefixes()
+        others = {row.prefix_key for row in running if row.id not in skip}
+        published = select(Worker.prefix_keys).where(Worker.model == self.model, Worker.id != worker_id)
+        for keys in session.scalars(published):
+            others.update(keys or ())
+        return Prefixes(frozenset(mine - {None}), frozenset(others - mine - {None}))
 
     def claim(self, job_id: str, worker_id: str, retry: bool = False) -> ClaimedJob | None:
         """Take a queued job for a new attempt; None when it is not queued (done, cancelled, taken).
@@ -218,6 +249,7 @@ class JobStore:
                 Job.params,
                 Job.priority,
                 Job.batch_id.is_not(None),
+                Job.prefix_key,
                 *(Job.__table__.c[key] for key in KEPT_ON_CLAIM),
                 Job.runs,
             )
@@ -226,7 +258,7 @@ class JobStore:
             row = session.execute(statement).one_or_none()
             if row is None:
                 return None
-            attempt, prompt, params, priority, in_batch, *kept, runs = row
+            attempt, prompt, params, priority, in_batch, prefix_key, *kept, runs = row
             resume = self._resume(
                 session, job_id, attempt, params, dict(zip(KEPT_ON_CLAIM, kept, strict=True))
             )
@@ -235,7 +267,7 @@ class JobStore:
             session.execute(
                 update(Job).where(Job.id == job_id).values(runs=[*(runs or []), start], **restart)
             )
-        return ClaimedJob(job_id, attempt, prompt, params, priority, in_batch, resume)
+        return ClaimedJob(job_id, attempt, prompt, params, priority, in_batch, resume, prefix_key)
 
     @staticmethod
     def _resume(
@@ -388,14 +420,13 @@ class JobStore:
 
     # --- liveness ---
 
-    def heartbeat(self, worker_id: str, stats: dict[str, float]) -> None:
-        now = utcnow()
+    def heartbeat(self, worker_id: str, stats: dict[str, float], prefix_keys: Collection[int] = ()) -> None:
+        now, keys = utcnow(), sorted(prefix_keys)
         with self.sessions.begin() as session:
-            found = session.execute(
-                update(Worker).where(Worker.id == worker_id).values(heartbeat_at=now, stats=stats)
-            ).rowcount
+            beat = {"heartbeat_at": now, "stats": stats, "prefix_keys": keys}
+            found = session.execute(update(Worker).where(Worker.id == worker_id).values(**beat)).rowcount
             if not found:
-                session.add(Worker(id=worker_id, model=self.model, heartbeat_at=now, stats=stats))
+                session.add(Worker(id=worker_id, model=self.model, **beat))
 
     def remove_worker(self, worker_id: str) -> None:
         with self.sessions.begin() as session:

@@ -27,9 +27,11 @@ from api.http.caller import Caller
 from api.http.limits import check_active, check_sizes, hold_keys
 from api.http.problems import Conflict, Invalid, Unavailable
 from api.jobs.queries import check_webhook_url
+from api.prompts.encoder import job_prefix_key
 from core.batches import cancel_unfinished, tally
 from core.models import FRESH_RESULTS, Batch, File, new_batch_id, utcnow
 from core.retention import batch_live, deadline, file_due
+from core.settings import Settings
 from core.states import BATCH_TERMINAL, BatchStatus, JobStatus
 from core.webhooks import publish_deliveries, record_event
 
@@ -134,7 +136,8 @@ def _start(service: Service, caller: Caller, batch: Batch, lines: Iterable[Check
     with service.sessions.begin() as session:
         session.add(batch)
         session.flush()
-        insert_jobs(session, _shared_by_jobs(batch), _job_rows(prefix, caller, lines, ids))
+        rows = _job_rows(service.settings, prefix, caller, lines, ids)
+        insert_jobs(session, _shared_by_jobs(batch), rows)
         batch.total = len(ids)
         if caller.key_id is not None and caller.limits is not None:
             hold_keys(session, [caller.key_id])  # counted after every other submission of the key
@@ -157,7 +160,7 @@ def _shared_by_jobs(batch: Batch) -> dict[str, Any]:
 
 
 def _job_rows(
-    prefix: str, caller: Caller, lines: Iterable[CheckedLine], ids: list[str]
+    settings: Settings, prefix: str, caller: Caller, lines: Iterable[CheckedLine], ids: list[str]
 ) -> Iterator[dict[str, Any]]:
     """One job per line, made as the insert takes them; their ids are appended to ``ids``. A line over
     the key's size limits refuses the batch (422; the transaction rolls back)."""
@@ -178,6 +181,7 @@ def _job_rows(
             "params": line.params,
             "meta": line.meta,
             "custom_id": line.custom_id,
+            "prefix_key": job_prefix_key(settings, line.prompt_token_ids),
         }
 
 

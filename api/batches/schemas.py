@@ -15,6 +15,7 @@ from api.files.schemas import ExpiresAfter, unix
 from core.batches import Tally
 from core.models import Batch
 from core.spec import Metadata, Text
+from core.states import BatchStatus
 from core.webhooks import BatchEvent
 from core.windows import MAX_WINDOW_HOURS, checked_window, window_length
 
@@ -130,9 +131,15 @@ class BatchOut(BaseModel):
     priority: int
     webhook_url: str | None
     webhook_events: list[str] | None
+    estimated_completion_at: int | None = Field(
+        description="while in progress: when it should end, at its model's measured rate and the work "
+        "queued ahead of it, updated as it runs; null until the model has a measured rate"
+    )
+    at_risk: bool = Field(description="its estimated end is past expires_at (a batch.at_risk event, once)")
 
     @classmethod
     def of(cls, batch: Batch, tally: Tally) -> "BatchOut":
+        running = batch.status == BatchStatus.IN_PROGRESS
         return cls(
             id=batch.id,
             endpoint=batch.endpoint,
@@ -158,6 +165,8 @@ class BatchOut(BaseModel):
             priority=batch.priority,
             webhook_url=batch.webhook_url,
             webhook_events=batch.webhook_events,
+            estimated_completion_at=unix(batch.estimated_completion_at) if running else None,
+            at_risk=running and batch.at_risk_at is not None,
         )
 
 

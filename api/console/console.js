@@ -34,6 +34,7 @@ const fmt = {
 const status = (s) => h("span", { className: `status ${s}` }, s);
 const jobLink = (id) => h("a", { href: `#/job/${encodeURIComponent(id)}` }, id);
 const batchLink = (id) => h("a", { href: `#/batch/${encodeURIComponent(id)}` }, id);
+const atRisk = (b) => (b.at_risk ? h("span", { className: "badge at-risk", title: `estimated end ${fmt.unix(b.estimated_completion_at)}, past its window` }, "at risk") : "");
 
 function show(...nodes) {
   main.replaceChildren(...nodes);
@@ -421,7 +422,7 @@ function batches() {
     const page = await api("/v1/batches?limit=100");
     list.replaceChildren(page.data.length ? h("table", {},
       h("tr", {}, ["batch", "status", "created", "progress", "endpoint"].map((t) => h("th", {}, t))),
-      page.data.map((b) => h("tr", {}, h("td", {}, batchLink(b.id)), h("td", {}, status(b.status)), h("td", {}, fmt.unix(b.created_at)),
+      page.data.map((b) => h("tr", {}, h("td", {}, batchLink(b.id)), h("td", {}, status(b.status), " ", atRisk(b)), h("td", {}, fmt.unix(b.created_at)),
         h("td", {}, `${b.request_counts.completed + b.request_counts.failed} / ${b.request_counts.total}`), h("td", {}, b.endpoint))))
       : h("p", { className: "muted" }, "no batches"));
   });
@@ -442,13 +443,14 @@ function batch(id) {
       cancel.disabled = true;
       await api(`${path}/cancel`, { method: "POST" }).catch((error) => alertLine(head, error));
     } }, "Cancel");
-    head.replaceChildren(h("h2", {}, "Batch ", h("code", {}, b.id), " ", status(b.status), " ", cancel),
+    head.replaceChildren(h("h2", {}, "Batch ", h("code", {}, b.id), " ", status(b.status), " ", atRisk(b), " ", cancel),
       h("section", {},
         h("div", { className: "bar", id: "progress", dataset: { percent: percent.toFixed(1) }, title: `${percent.toFixed(1)} %` },
           h("div", { className: "done", style: `width:${c.total ? (100 * c.completed) / c.total : 0}%` }),
           h("div", { className: "bad", style: `width:${c.total ? (100 * c.failed) / c.total : 0}%` })),
         h("p", {}, `${c.completed} succeeded, ${c.failed} failed or cancelled, of ${c.total} (${percent.toFixed(1)} %)`),
-        h("dl", {}, [["endpoint", b.endpoint], ["created", fmt.unix(b.created_at)], ["completed", fmt.unix(b.completed_at)],
+        h("dl", {}, [["endpoint", b.endpoint], ["created", fmt.unix(b.created_at)], ["estimated end", fmt.unix(b.estimated_completion_at)],
+          ["window ends", fmt.unix(b.expires_at)], ["completed", fmt.unix(b.completed_at)],
           ["tokens", `${b.usage.input_tokens} in, ${b.usage.output_tokens} out`],
           ["metadata", Object.entries(b.metadata || {}).map(([k, v]) => `${k}=${v}`).join(" ") || "–"],
           ["input file", download(b.input_file_id, "input")], ["output file", download(b.output_file_id, "output")],

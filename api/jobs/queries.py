@@ -13,7 +13,7 @@ from api.deps import Service
 from api.http.caller import Caller
 from api.http.limits import admit, check_active, check_sizes
 from api.http.problems import Conflict, Invalid, NotFound
-from api.prompts.encoder import ContextExceeded, PromptError
+from api.prompts.encoder import ContextExceeded, PromptError, job_prefix_key
 from core.models import ApiKey, Job, utcnow
 from core.retention import deadline, job_live
 from core.spec import JobSpec
@@ -152,6 +152,7 @@ def _new_job(
         published_at=now,
         expires_at=deadline(now, service.settings),
         deadline_at=now + window_length(spec.completion_window) if spec.completion_window else None,
+        prefix_key=job_prefix_key(service.settings, token_ids),
     )
 
 

@@ -14,8 +14,16 @@ from transformers import AutoConfig, AutoTokenizer
 from api.prompts.piece_encoding import PieceEncoder
 from contract import context
 from contract.engine import EngineConfig
+from contract.prefix import prefix_key
 from contract.sampling_defaults import generation_defaults
+from core.settings import Settings
 from core.spec import JobSpec
+
+
+def job_prefix_key(settings: Settings, token_ids: list[int]) -> int | None:
+    """The key a job's prompt prefix is run together by (contract/prefix.py); None with prefix-aware
+    order off (``PAGEDQ_PREFIX_AWARE_ORDER``)."""
+    return prefix_key(token_ids, settings.block_size) if settings.prefix_aware_order else None
 
 
 class PromptError(ValueError):

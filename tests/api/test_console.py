@@ -9,8 +9,11 @@ from pathlib import Path
 
 import httpx
 import pytest
+from sqlalchemy import update
 
 from core import keys
+from core.db import make_db_engine, make_sessionmaker
+from core.models import Batch, utcnow
 from core.settings import Settings
 from tests.pagedq.test_embedded import start_up
 from tests.support.services import free_port
@@ -29,8 +32,13 @@ def run_up(tmp: Path, **settings: object) -> tuple[object, httpx.Client]:
 
 
 @pytest.fixture(scope="module")
-def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
-    process, client = run_up(tmp_path_factory.mktemp("console"))
+def console_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("console")
+
+
+@pytest.fixture(scope="module")
+def up(console_dir: Path) -> Iterator[httpx.Client]:
+    process, client = run_up(console_dir)
     try:
         yield client
     finally:
@@ -156,6 +164,33 @@ def test_batch_page_progress_reaches_100_percent(page, up: httpx.Client) -> None
 
     latency = up.get(f"/v1/batches/{batch['id']}/latency").json()
     assert latency["jobs"] == 4 and sum(latency["e2e_latency"]["counts"]) == 4
+
+
+def test_a_batch_at_risk_of_missing_its_window_shows_a_badge(
+    page, up: httpx.Client, console_dir: Path
+) -> None:
+    body = {"prompt": "go on", "max_tokens": 16000, "ignore_eos": True}  # in progress while the page looks
+    line = {"method": "POST", "url": "/v1/completions", "body": body}
+    content = "".join(json.dumps({"custom_id": f"r{i}"} | line) + "\n" for i in range(2)).encode()
+    file = up.post(
+        "/v1/files", files={"file": ("in.jsonl", io.BytesIO(content))}, data={"purpose": "batch"}
+    ).json()
+    create = {"input_file_id": file["id"], "endpoint": "/v1/completions", "completion_window": "1h"}
+    batch = up.post("/v1/batches", json=create).json()
+    # What the reconciler's estimate sets once the measured rate says the batch will miss its window
+    # (worker/estimates.py, tested against PostgreSQL in tests/worker/test_estimates.py).
+    engine = make_db_engine(Settings(data_dir=console_dir / "data"))
+    with make_sessionmaker(engine).begin() as session:
+        session.execute(update(Batch).where(Batch.id == batch["id"]).values(at_risk_at=utcnow()))
+    engine.dispose()
+    try:
+        assert up.get(f"/v1/batches/{batch['id']}").json()["at_risk"] is True
+        page.goto(f"/console/#/batch/{batch['id']}")
+        page.wait_for_selector("h2 .badge.at-risk")
+        page.goto("/console/#/batches")
+        page.wait_for_selector(f"tr:has(a[href='#/batch/{batch['id']}']) .badge.at-risk")
+    finally:
+        assert up.post(f"/v1/batches/{batch['id']}/cancel").status_code == 200
 
 
 def test_what_users_wrote_stays_text(page, up: httpx.Client) -> None:

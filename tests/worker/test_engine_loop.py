@@ -5,7 +5,7 @@ what the engine refuses, or a step that raises, fails runs instead of hanging th
 
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -206,6 +206,9 @@ class ScriptedEngine:
 
     def stats(self) -> EngineStats:
         return EngineStats(len(self.requests), 0, 0.0, 0, 0)
+
+    def cached_prefixes(self, keys: Iterable[int]) -> list[int]:
+        return []
 
 
 def test_a_step_that_raises_fails_every_run_and_the_loop_goes_on(flights):

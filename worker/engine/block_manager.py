@@ -9,13 +9,8 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from contract.prefix import NO_HASH, chain_hash
 from worker.engine.sequence import Sequence
-
-NO_HASH = -1
-
-
-def chain_hash(parent_hash: int, token_ids: tuple[int, ...]) -> int:
-    return hash((parent_hash, token_ids))
 
 
 @dataclass

@@ -3,6 +3,7 @@
 import copy
 import logging
 import time
+from collections.abc import Iterable
 from concurrent.futures import FIRST_COMPLETED, wait
 from dataclasses import dataclass, field, replace
 
@@ -366,6 +367,11 @@ class LLMEngine:
         return request.output([seq.take_output() for seq in sorted(seqs, key=lambda s: s.index)])
 
     # --- observability ---
+
+    def cached_prefixes(self, keys: Iterable[int]) -> list[int]:
+        """Those of ``keys`` (contract/prefix.py: chained block hashes) whose block the prefix cache holds."""
+        cached = self.scheduler.block_manager.cached
+        return [key for key in keys if key in cached]
 
     def stats(self) -> EngineStats:
         return EngineStats(

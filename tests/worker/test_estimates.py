@@ -1,0 +1,103 @@
+"""A running batch's estimated end (worker/estimates.py) on the real PostgreSQL: the model's measured rate
+(the prompt and max tokens of its jobs that ended lately, over the time they took) against the work left
+of the batch and of the jobs ranked with or before it; one ``batch.at_risk`` event when it will miss its
+window; the batch's view shows both while it runs."""
+
+from collections.abc import Iterator
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import func, select
+
+from api.batches.schemas import BatchOut
+from core.batches import tally
+from core.db import make_db_engine, make_sessionmaker
+from core.models import Batch, File, Job, WebhookDelivery, utcnow
+from core.settings import Settings
+from core.states import BatchStatus, JobStatus
+from core.webhooks import Outbox
+from worker.estimates import Estimator
+
+MODEL = "tiny"
+
+
+@pytest.fixture
+def sessions(service_settings: Settings) -> Iterator[object]:
+    engine = make_db_engine(service_settings)
+    yield make_sessionmaker(engine)
+    engine.dispose()
+
+
+def job(status: JobStatus, prompt: int, max_tokens: int, **values: object) -> Job:
+    return Job(
+        model=MODEL,
+        status=status,
+        prompt_tokens=prompt,
+        prompt_token_ids=[1],
+        params={"max_tokens": max_tokens},
+        **values,
+    )
+
+
+def test_the_estimate_is_the_work_ahead_over_the_measured_rate_and_a_late_batch_is_at_risk_once(
+    service_settings, sessions
+):
+    now = utcnow()
+    with sessions.begin() as session:
+        upload = File(purpose="batch", filename="in.jsonl", bytes=1, content=b"x")
+        session.add(upload)
+        session.flush()
+        batch = Batch(
+            status=BatchStatus.IN_PROGRESS,
+            endpoint="/v1/completions",
+            model=MODEL,
+            input_file_id=upload.id,
+            completion_window="1h",
+            priority=10,
+            webhook_url="https://example.com/hook",
+            created_at=now,
+            expires_at=now + timedelta(hours=1),
+            total=5,
+        )
+        session.add(batch)
+        session.flush()
+        started = now - timedelta(seconds=100)
+        done = [
+            job(JobStatus.SUCCEEDED, 20, 30, started_at=started, finished_at=now - timedelta(seconds=5))
+            for _ in range(4)
+        ]
+        lines = [
+            job(JobStatus.QUEUED, 10, 10, batch_id=batch.id, priority=10, queued_at=now) for _ in range(4)
+        ]
+        lines.append(
+            job(JobStatus.RUNNING, 10, 10, batch_id=batch.id, priority=10, queued_at=now, completion_tokens=4)
+        )
+        online = job(JobStatus.QUEUED, 30, 20, priority=0, queued_at=now)  # ranked before the batch
+        later = job(JobStatus.QUEUED, 500, 500, priority=100, queued_at=now)  # ranked after it: not counted
+        session.add_all([*done, *lines, online, later])
+    estimator = Estimator(Outbox(service_settings, None))  # type: ignore[arg-type]
+    with sessions.begin() as session:
+        assert estimator.estimate(session) == []  # an hour of window, 73 s of work left: not at risk
+    with sessions() as session:
+        batch = session.get_one(Batch, batch.id)
+        # 4 x 50 tokens of work done in ~100 s: 2 a second; left: 4 x 20 + (20 - 4) + 50 = 146 tokens.
+        seconds = (batch.estimated_completion_at - now).total_seconds()
+        assert 146 / 2 - 1 < seconds < 146 / 2 + 1, seconds
+        view = BatchOut.of(batch, tally(session, [batch.id])[batch.id])
+        assert (
+            view.estimated_completion_at == int(batch.estimated_completion_at.timestamp())
+            and not view.at_risk
+        )
+
+    with sessions.begin() as session:
+        session.get_one(Batch, batch.id).expires_at = now + timedelta(seconds=30)  # it will miss this
+    for _ in range(2):
+        with sessions.begin() as session:
+            estimator.estimate(session)
+    with sessions() as session:
+        batch = session.get_one(Batch, batch.id)
+        events = select(func.count()).where(
+            WebhookDelivery.batch_id == batch.id, WebhookDelivery.event_type == "batch.at_risk"
+        )
+        assert batch.at_risk_at is not None and session.scalar(events) == 1  # once, however many rounds
+        assert BatchOut.of(batch, tally(session, [batch.id])[batch.id]).at_risk

@@ -1,0 +1,185 @@
+"""The claim's pick (worker/fair.py, ``JobStore.pick``) on the real PostgreSQL: through the groups' heads of
+``ix_jobs_fair_heads`` it finds the same job as ordering every queued row by ``fair_order`` (priority with
+aging, the keys' running jobs, deadline, arrival; with prefix-aware order, the prefix keys held), and it
+reads a few rows per group, not every queued row."""
+
+import json
+import random
+from collections import Counter
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from sqlalchemy import or_, select, text
+
+from core import keys
+from core.db import make_db_engine, make_sessionmaker
+from core.models import Job, utcnow
+from core.settings import Settings
+from core.states import JobStatus
+from migrations import upgrade
+from tests.support.roles import MODEL
+from worker.fair import Prefixes, fair_order, fairest
+from worker.store import JobStore
+
+AGING = 30.0
+
+
+@pytest.fixture
+def store(service_settings: Settings) -> Iterator[JobStore]:
+    engine = make_db_engine(service_settings)
+    yield JobStore(make_sessionmaker(engine), MODEL, fair_aging=AGING)
+    engine.dispose()
+
+
+@pytest.fixture
+def sqlite_store(tmp_path: Path) -> Iterator[JobStore]:
+    """The embedded mode's database: the plain ordered query, and step 5 without the index."""
+    settings = Settings(database_url=f"sqlite:///{tmp_path}/pagedq.db", data_dir=tmp_path)
+    upgrade(settings)
+    engine = make_db_engine(settings)
+    yield JobStore(make_sessionmaker(engine), MODEL, fair_aging=AGING)
+    engine.dispose()
+
+
+def fill(store: JobStore, rng: random.Random, lines: int) -> list[int]:
+    """Queued jobs of three keys and no key: batches (lines sharing queued_at and deadline, a few prefix
+    keys among them) and online jobs over the last few minutes, some cancelled, some running; returns the
+    prefix keys used."""
+    now, prefixes = utcnow(), [rng.getrandbits(62) for _ in range(12)]
+    with store.sessions.begin() as session:
+        owners: list[str | None] = [keys.create(session, f"k{i}")[0].id for i in range(3)]
+        session.flush()
+        owners.append(None)
+        rows: list[Job] = []
+        while len(rows) < lines:
+            owner, priority = rng.choice(owners), rng.choice((0, 0, 3, 10))
+            if rng.random() < 0.4:  # a batch
+                queued = now - timedelta(seconds=rng.uniform(0, 600))
+                deadline = queued + timedelta(hours=rng.choice((1, 24)))
+                mine = rng.sample(prefixes, 3)
+                rows += [job(owner, priority, queued, deadline, rng.choice([*mine, None])) for _ in range(20)]
+            else:
+                queued = now - timedelta(seconds=rng.uniform(0, 600))
+                deadline = queued + timedelta(hours=1) if rng.random() < 0.3 else None
+                rows.append(job(owner, priority, queued, deadline, rng.choice(prefixes)))
+        for row in rng.sample(rows, len(rows) // 10):
+            row.status = rng.choice((JobStatus.RUNNING, JobStatus.SUCCEEDED))
+        for row in rng.sample(rows, len(rows) // 20):
+            row.cancel_requested = True
+        session.add_all(rows)
+    return prefixes
+
+
+def job(owner: str | None, priority: int, queued: object, deadline: object, prefix: int | None) -> Job:
+    return Job(
+        model=MODEL,
+        key_id=owner,
+        priority=priority,
+        queued_at=queued,
+        deadline_at=deadline,
+        prefix_key=prefix,
+        prompt_token_ids=[1],
+        params={"max_tokens": 4},
+    )
+
+
+def reference(store: JobStore, skip: set[str], prefixes: Prefixes | None) -> str | None:
+    """Every queued row, ordered: the rule as written."""
+    with store.sessions() as session:
+        held_here = or_(Job.status == JobStatus.RUNNING, Job.id.in_(skip))
+        held = Counter(session.scalars(select(Job.key_id).where(Job.model == MODEL, held_here)))
+        queued = (Job.model == MODEL, Job.status == JobStatus.QUEUED, Job.cancel_requested.is_(False))
+        statement = (
+            select(Job.id).where(*queued, Job.id.not_in(skip)).order_by(*fair_order(held, AGING, prefixes))
+        )
+        return session.scalar(statement.limit(1))
+
+
+def held_prefixes(store: JobStore, skip: set[str]) -> Prefixes:
+    """What the pick takes as held: this worker's jobs' prefix keys (``skip``), and the others' running."""
+    with store.sessions() as session:
+        has_key = Job.prefix_key.is_not(None)
+        running = session.execute(
+            select(Job.id, Job.prefix_key).where(Job.status == JobStatus.RUNNING, has_key)
+        )
+        mine = session.scalars(select(Job.prefix_key).where(Job.id.in_(skip), has_key))
+        return Prefixes(frozenset(mine), frozenset(key for job_id, key in running if job_id not in skip))
+
+
+def claim_all(store: JobStore, rng: random.Random, prefix_aware: bool) -> int:
+    """Claim one by one, each pick against the reference, with some claimed jobs held as this worker's."""
+    store.prefix_aware = prefix_aware
+    picks, skip = 0, set[str]()
+    while True:
+        prefixes = held_prefixes(store, skip) if prefix_aware else None
+        expected = reference(store, skip, prefixes)
+        assert store.pick("any", skip) == expected
+        if expected is None:
+            return picks
+        picks += 1
+        assert store.claim(expected, "w-here" if rng.random() < 0.5 else "w-other") is not None
+        if rng.random() < 0.3:
+            skip.add(expected)  # held here: its key's count and its prefix are this worker's
+
+
+@pytest.mark.parametrize("prefix_aware", [False, True])
+def test_the_pick_is_the_fairest_queued_job_as_every_row_ordered_would_say(store, prefix_aware):
+    rng = random.Random(31 + prefix_aware)
+    fill(store, rng, 160)
+    assert claim_all(store, rng, prefix_aware) > 100
+
+
+def test_on_sqlite_too(sqlite_store):
+    rng = random.Random(7)
+    fill(sqlite_store, rng, 80)
+    assert claim_all(sqlite_store, rng, prefix_aware=True) > 50
+
+
+def test_a_batch_runs_prefix_by_prefix_those_held_here_first(store):
+    """One batch: lines of three prefixes, shuffled. Holding one prefix here, its lines come first; then,
+    of the two others, the one another worker does not hold, each run through once its first line is
+    claimed here; then the one the other worker holds."""
+    store.prefix_aware = True
+    now = utcnow()
+    low, middle, high = 1, 2, 3
+    with store.sessions.begin() as session:
+        lines = [job(None, 10, now, now + timedelta(hours=1), key) for key in [low, middle, high] * 4]
+        random.Random(5).shuffle(lines)
+        held = [job(None, 10, now, None, middle), job(None, 10, now, None, high)]  # running: here, elsewhere
+        for running in held:
+            running.status = JobStatus.RUNNING
+        session.add_all(lines + held)
+    order, here = [], {held[0].id}
+    while (picked := store.pick("any", here)) is not None:
+        order.append(next(line.prefix_key for line in lines if line.id == picked))
+        assert store.claim(picked, "w") is not None
+        here.add(picked)  # running here: its prefix is this worker's
+    assert order == [middle] * 4 + [low] * 4 + [high] * 4
+
+
+def test_the_pick_reads_a_few_rows_per_group_not_every_queued_row(store):
+    """5,000 queued lines in 4 groups (2 keys x 2 windows): the plan walks the index, never the table."""
+    now = utcnow()
+    with store.sessions.begin() as session:
+        owner = keys.create(session, "one")[0].id
+        session.flush()
+        for key, hours in ((owner, 1), (owner, 24), (None, 1), (None, 24)):
+            at = now - timedelta(minutes=hours)
+            session.add_all(job(key, 10, at, at + timedelta(hours=hours), i % 7) for i in range(1250))
+    with store.sessions() as session:
+        session.execute(text("ANALYZE jobs"))
+        statement = fairest(MODEL, {"job_none"}, {owner: 2}, AGING, indexed=True)
+        sql = str(statement.compile(session.get_bind(), compile_kwargs={"literal_binds": True}))
+        plan = session.execute(text("EXPLAIN (ANALYZE, FORMAT JSON) " + sql.replace("%", "%%"))).scalar()
+    nodes = list(walk((json.loads(plan) if isinstance(plan, str) else plan)[0]["Plan"]))
+    scans = [node for node in nodes if node.get("Relation Name") == "jobs"]
+    assert all(node["Node Type"] != "Seq Scan" for node in scans), [n["Node Type"] for n in scans]
+    assert sum(node["Actual Rows"] * node["Actual Loops"] for node in scans) < 50
+
+
+def walk(node: dict) -> Iterator[dict]:
+    yield node
+    for child in node.get("Plans", []):
+        yield from walk(child)

@@ -1,0 +1,72 @@
+"""A running batch's estimated end, every reconcile round, and its one ``batch.at_risk`` event.
+
+Work is counted in one unit on both sides: a job's ``prompt_tokens + max_tokens`` (less the tokens it has
+generated, while it runs). The model's rate is that work of its jobs that ended in the last
+``RATE_WINDOW`` over the time they took (from the first one's start), so it is what the model's workers
+did lately, whatever their number, their seats or their prefix cache hits. A batch's remaining work is
+its own unfinished jobs' and that of every unfinished job of its model ranked as well or better
+(``priority + queued_at // aging``, fair share's first step: what runs before it or beside it); its
+``estimated_completion_at`` is now + that work / the rate. Jobs that arrive later with a better rank
+will push it back: it is an estimate, redone every round. A batch whose estimate is past its
+``expires_at`` is at risk: ``at_risk_at`` is set and ``batch.at_risk`` recorded, once.
+"""
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from sqlalchemy import Integer, cast, extract, func, select
+from sqlalchemy.orm import Session
+
+from core.models import Batch, Job, utcnow
+from core.states import BatchStatus, JobStatus
+from core.webhooks import Outbox
+
+RATE_WINDOW = timedelta(minutes=10)
+UNFINISHED = (JobStatus.QUEUED, JobStatus.RUNNING)
+
+
+@dataclass
+class Estimator:
+    outbox: Outbox
+
+    def estimate(self, session: Session) -> list[str]:
+        """Estimates every running batch; returns the deliveries of new ``batch.at_risk`` events."""
+        now, deliveries = utcnow(), []
+        rates: dict[str, float | None] = {}
+        running = select(Batch).where(Batch.status == BatchStatus.IN_PROGRESS, Batch.expired_at.is_(None))
+        for batch in session.scalars(running):
+            model = batch.model or ""
+            if model not in rates:
+                rates[model] = rate(session, model, now)
+            if rates[model] is None:
+                continue  # nothing ended lately: no measured rate yet
+            seconds = remaining(session, batch, self.outbox.settings.fair_aging_seconds) / rates[model]
+            batch.estimated_completion_at = now + timedelta(seconds=seconds)
+            late = batch.expires_at is not None and batch.estimated_completion_at > batch.expires_at
+            if late and batch.at_risk_at is None:
+                batch.at_risk_at = now
+                session.flush()
+                deliveries += self.outbox.record(session, "batch.at_risk", batch=batch)
+        return deliveries
+
+
+# A job's work: its prompt and max tokens.
+WORK = Job.prompt_tokens + func.coalesce(Job.params["max_tokens"].as_integer(), 0)
+
+
+def rate(session: Session, model: str, now: datetime) -> float | None:
+    """Work per second of the model's jobs that ended within ``RATE_WINDOW``."""
+    ended = (Job.model == model, Job.finished_at > now - RATE_WINDOW, Job.started_at.is_not(None))
+    done, since = session.execute(select(func.sum(WORK), func.min(Job.started_at)).where(*ended)).one()
+    if not done or since is None:
+        return None
+    return float(done) / max((now - since).total_seconds(), 1.0)
+
+
+def remaining(session: Session, batch: Batch, aging: float) -> float:
+    """The batch's unfinished work and that of every unfinished job of its model ranked as well."""
+    rank = Job.priority + cast(extract("epoch", Job.queued_at) / aging, Integer)
+    own = select(rank).where(Job.batch_id == batch.id).limit(1).scalar_subquery()
+    ahead = (Job.model == batch.model, Job.status.in_(UNFINISHED), rank <= own)
+    left = func.sum(WORK - Job.completion_tokens)  # a running job has done part of its work
+    return float(session.scalar(select(func.coalesce(left, 0)).where(*ahead)) or 0)
