@@ -66,6 +66,7 @@ def test_a_pool_checks_a_file_as_this_process_does_and_in_its_order(encoder, in_
     pooled, bad_pooled = check(in_pool, raw_lines)
 
     assert bad_here is None and bad_pooled is None
+    assert all(isinstance(checked.params.pop("seed"), int) for checked in here + pooled)  # each its own
     assert pooled == here
     assert [checked.number for checked in pooled] == [n for n in range(1, LINES + 2) if n != 21]
     assert [checked.custom_id for checked in pooled] == [f"doc-{i}" for i in range(LINES)]
