@@ -153,6 +153,7 @@ NOT_OBJECT_SCOPED = {
     ("POST", "/v1/files"),
     ("POST", "/v1/batches"),  # its input_file_id is checked below
     ("POST", "/v1/chat/completions"),  # its stream is its own job's
+    ("POST", "/v1/embeddings"),  # a new job of its own, answered at once
     ("POST", "/v1/completions"),
     ("POST", "/generate"),
     ("GET", "/v1/models"),

@@ -29,7 +29,7 @@ def people(db: Database) -> tuple[dict[str, str], dict[str, str]]:
 def client(settings: Settings, db: Database, tmp_path: Path, people: tuple) -> Iterator[TestClient]:
     worker = start_worker(settings, db, tmp_path / "worker.log")
     try:
-        with TestClient(create_app(settings, Path(settings.model))) as client:
+        with TestClient(create_app(settings)) as client:
             yield client
     finally:
         worker.stop()
