@@ -28,6 +28,17 @@ from worker.engine.sequence import Request, Sequence, by_request
 logger = logging.getLogger("pagedq.engine")
 
 
+def eos_token_ids(model_config: ModelConfig, path: object) -> list[int]:
+    """The model's end-of-sequence ids: its config's and its generation_config.json's."""
+    ids = set(model_config.eos_token_ids)
+    try:
+        eos = GenerationConfig.from_pretrained(path).eos_token_id
+    except OSError:
+        eos = None
+    ids.update([eos] if isinstance(eos, int) else eos or [])
+    return sorted(ids)
+
+
 @dataclass(frozen=True)
 class EngineStats:
     num_running: int
@@ -63,7 +74,7 @@ class LLMEngine:
         self.model_config = ModelConfig.from_pretrained(path)
         self.max_model_len = max_model_len(self.model_config.hf_config.to_dict(), self.config.max_model_len)
         self.tokenizer: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(path)
-        self.eos_token_ids = self._eos_token_ids(path)
+        self.eos_token_ids = eos_token_ids(self.model_config, path)
         self.runner = ModelRunner(self.config, self.model_config, self.max_model_len)
         block_manager = BlockManager(
             self.runner.num_blocks, self.config.block_size, self.config.enable_prefix_caching
@@ -81,15 +92,6 @@ class LLMEngine:
             self.runner.dtype,
             self.max_model_len,
         )
-
-    def _eos_token_ids(self, path: object) -> list[int]:
-        ids = set(self.model_config.eos_token_ids)
-        try:
-            eos = GenerationConfig.from_pretrained(path).eos_token_id
-        except OSError:
-            eos = None
-        ids.update([eos] if isinstance(eos, int) else eos or [])
-        return sorted(ids)
 
     # --- requests in ---
 
