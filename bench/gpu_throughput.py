@@ -22,6 +22,7 @@ requests; it checks that the script runs, its numbers mean nothing.
 """
 
 import argparse
+import inspect
 import json
 import os
 import random
@@ -39,6 +40,7 @@ MARK = "@@RESULT "
 SEED = 0
 HF_SYSTEMS = ("hf-static-32", "hf-static-64", "hf-static-128", "hf-continuous")
 TARGETS = {"decode@256": 1.3, "decode@1": 1.5, "offline": 5.0}
+PROFILED, PROFILE_ROWS = 2, 12  # decode steps profiled at the largest batch, and the ops reported
 LLAMA_31_8B = dict(
     hidden_size=4096,
     intermediate_size=14336,
@@ -169,12 +171,16 @@ def run_pagedq(path: str, sizes: Sizes, args: argparse.Namespace) -> dict[str, A
     useful = sum(len(o.outputs[0].token_ids) for o in outs)
     result = {"offline_tok_s": useful / wall, "offline_wall_s": wall, "output_tokens": useful}
     result["requests"] = len(prompts)
-    result |= {"bandwidth_gb_s": bandwidth / 1e9, "decode": decode_steps(llm, sizes, bandwidth, greedy)}
+    decode, profile = decode_steps(llm, sizes, bandwidth, greedy)
+    result |= {"bandwidth_gb_s": bandwidth / 1e9, "decode": decode, "decode_profile": profile}
     return result
 
 
-def decode_steps(llm: Any, sizes: Sizes, bandwidth: float, greedy: Any) -> dict[str, dict[str, float]]:
-    """Median step time of ``decode_steps`` steps at each batch size, and the step's bandwidth bound."""
+def decode_steps(
+    llm: Any, sizes: Sizes, bandwidth: float, greedy: Any
+) -> tuple[dict[str, dict[str, float]], list[dict[str, Any]]]:
+    """Median step time of ``decode_steps`` steps at each batch size, and the step's bandwidth bound; the
+    profile of the largest batch's steps."""
     engine, rng = llm.engine, random.Random(SEED + 1)
     runner = engine.runner
     model = runner.model
@@ -187,7 +193,7 @@ def decode_steps(llm: Any, sizes: Sizes, bandwidth: float, greedy: Any) -> dict[
         warm = 3
         for i in range(batch):
             ids = [rng.randrange(engine.model_config.vocab_size) for _ in range(sizes.decode_context)]
-            engine.add_request(f"decode-{batch}-{i}", ids, greedy(warm + sizes.decode_steps + 1))
+            engine.add_request(f"decode-{batch}-{i}", ids, greedy(warm + sizes.decode_steps + 1 + PROFILED))
         produced = 0
         while produced < batch * warm:  # the prefills, then a few decodes
             produced += sum(len(o.token_ids) for d in engine.step() for o in d.outputs)
@@ -196,13 +202,42 @@ def decode_steps(llm: Any, sizes: Sizes, bandwidth: float, greedy: Any) -> dict[
             start = time.perf_counter()
             engine.step()  # returns sampled ids to the host: the GPU is done when it returns
             times.append(time.perf_counter() - start)
+        if batch == max(sizes.decode_batches):
+            profile = profile_steps(engine)
         while engine.has_unfinished_requests():
             engine.step()
         context = sizes.decode_context + warm + sizes.decode_steps / 2
         bound = (weights + batch * context * kv_per_token) / bandwidth
         step = statistics.median(times)
         results[str(batch)] = {"step_ms": 1e3 * step, "bound_ms": 1e3 * bound, "ratio": step / bound}
-    return results
+    return results, profile
+
+
+def profile_steps(engine: Any) -> list[dict[str, Any]]:
+    """The ops that took most time over PROFILED decode steps (device time first, then CPU): where a
+    step that misses its bound goes, recorded for the next run to act on."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch_cuda() else [])
+    with profile(activities=activities) as prof:
+        for _ in range(PROFILED):
+            engine.step()
+    rows = [
+        {
+            "op": e.key[:60],
+            "calls": e.count,
+            "device_ms": getattr(e, "self_device_time_total", 0) / 1e3 / PROFILED,
+            "cpu_ms": e.self_cpu_time_total / 1e3 / PROFILED,
+        }
+        for e in prof.key_averages()
+    ]
+    return sorted(rows, key=lambda r: (r["device_ms"], r["cpu_ms"]), reverse=True)[:PROFILE_ROWS]
+
+
+def torch_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 # --- transformers ---
@@ -268,7 +303,10 @@ def run_hf_continuous(path: str, sizes: Sizes, args: argparse.Namespace) -> dict
     page = 256
     pages = sum(-(-(len(p) + m) // page) for p, m in zip(prompts, max_tokens, strict=True))
     blocks = {"num_blocks": pages + 2} if model.device.type == "cpu" else {}
-    cb = ContinuousBatchingConfig(page_size=page, max_batch_tokens=args.max_num_batched_tokens, **blocks)
+    # transformers 5.17 (the GPU image's) names the page size block_size; later versions page_size.
+    accepted = inspect.signature(ContinuousBatchingConfig).parameters
+    blocks[("page_size" if "page_size" in accepted else "block_size")] = page
+    cb = ContinuousBatchingConfig(max_batch_tokens=args.max_num_batched_tokens, **blocks)
     config = GenerationConfig(max_new_tokens=max(max_tokens), do_sample=False, eos_token_id=-1)
     hints = WorkloadHints(max(map(len, prompts)), max(max_tokens), len(prompts))
     with model.continuous_batching_context_manager(
@@ -343,6 +381,13 @@ def report(results: list[dict[str, Any]]) -> str:
     lines += [
         f"| {b} | {d['step_ms']:.2f} | {d['bound_ms']:.2f} | {d['ratio']:.2f}x |"
         for b, d in ours["decode"].items()
+    ]
+    largest = max(map(int, ours["decode"]))
+    lines += ["", f"Per decode step at batch {largest}, the ops that took most time:", ""]
+    lines += ["| op | calls | device ms | CPU ms |", "| --- | ---: | ---: | ---: |"]
+    lines += [
+        f"| {r['op'].replace('|', '/')} | {r['calls']} | {r['device_ms']:.2f} | {r['cpu_ms']:.2f} |"
+        for r in ours.get("decode_profile", [])
     ]
     return "\n".join([*lines, "", "Targets:", *targets(ours, results)])
 

@@ -134,3 +134,25 @@ def test_the_gpu_wheels_are_the_dependencies_the_image_lacks() -> None:
         "no-such-package-here",
     ]
     assert Outcome(TIMED_OUT).failed and not Outcome(NEEDS_CUDA).failed
+
+
+def test_step_2_runs_the_modules_that_hold_gpu_tests_wherever_they_live() -> None:
+    from bench.gpu_check.steps.tests import gpu_test_files
+
+    files = gpu_test_files()
+    assert "tests/kernels/test_kernels_triton.py" in files
+    assert all("pytest.mark.gpu" in (REPO / f).read_text() for f in files)
+
+
+def test_step_7_serves_the_chat_model_alone_whatever_the_environment_says(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from bench.gpu_check.outcome import Context
+    from bench.gpu_check.steps.service import up_env
+
+    monkeypatch.delenv("PAGEDQ_EMBED_MODEL", raising=False)
+    monkeypatch.setenv("PAGEDQ_MODELS", '[{"name": "x", "source": "y"}]')
+    ctx = Context(False, tmp_path, tmp_path / "outcome.json", time.time() + 60)
+    env = up_env(tmp_path / "model", ctx, 8000)
+    assert env["PAGEDQ_EMBED_MODEL"] == "" and "PAGEDQ_MODELS" not in env
+    assert env["PAGEDQ_MODEL"] == str(tmp_path / "model") and env["PAGEDQ_DEVICE"] == "cuda"

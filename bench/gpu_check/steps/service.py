@@ -60,13 +60,7 @@ def start_up(model: Path, ctx: Context, log: Path) -> tuple[subprocess.Popen[byt
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = dict(
-        os.environ, PAGEDQ_DATA_DIR=str(ctx.workdir / "data"), PAGEDQ_CACHE_DIR=str(ctx.workdir / "cache")
-    )
-    env |= {"PAGEDQ_MODEL": str(model), "PAGEDQ_PORT": str(port), "PAGEDQ_HOST": "127.0.0.1"}
-    env |= {"PAGEDQ_DEVICE": ctx.device, "PAGEDQ_LOG_LEVEL": "WARNING"}
-    if ctx.dry_run:
-        env |= {"PAGEDQ_KV_CACHE_BYTES": str(64 << 20), "PAGEDQ_MAX_NUM_SEQS": "32"}
+    env = up_env(model, ctx, port)
     with log.open("wb") as out:
         up = subprocess.Popen(
             [sys.executable, "-m", "pagedq", "up"], cwd=REPO, env=env, stdout=out, stderr=out
@@ -79,6 +73,19 @@ def start_up(model: Path, ctx: Context, log: Path) -> tuple[subprocess.Popen[byt
             )
         time.sleep(0.2)
     return up, f"http://127.0.0.1:{port}"
+
+
+def up_env(model: Path, ctx: Context, port: int) -> dict[str, str]:
+    """``pagedq up``'s environment: the chat model alone (step 8 checks embeddings, whose model the GPU
+    machines lack and cannot download), its own data and cache folders."""
+    env = dict(os.environ, PAGEDQ_DATA_DIR=str(ctx.workdir / "data"))
+    env["PAGEDQ_CACHE_DIR"] = str(ctx.workdir / "cache")
+    env |= {"PAGEDQ_MODEL": str(model), "PAGEDQ_PORT": str(port), "PAGEDQ_HOST": "127.0.0.1"}
+    env |= {"PAGEDQ_DEVICE": ctx.device, "PAGEDQ_LOG_LEVEL": "WARNING", "PAGEDQ_EMBED_MODEL": ""}
+    env.pop("PAGEDQ_MODELS", None)
+    if ctx.dry_run:
+        env |= {"PAGEDQ_KV_CACHE_BYTES": str(64 << 20), "PAGEDQ_MAX_NUM_SEQS": "32"}
+    return env
 
 
 def stop(up: subprocess.Popen[bytes]) -> int | None:

@@ -40,7 +40,7 @@ class Session:
 
 def gpu_test_files() -> list[str]:
     """The test modules that hold ``gpu``-marked tests (other modules may not import without a database)."""
-    files = sorted((REPO / "tests").glob("test_*.py"))
+    files = sorted((REPO / "tests").rglob("test_*.py"))
     return [str(f.relative_to(REPO)) for f in files if re.search(r"pytest\.mark\.gpu\b", f.read_text())]
 
 
@@ -60,6 +60,8 @@ def pytest(what: str, args: list[str], ctx: Context, interpret: bool) -> Session
 
 
 def run(ctx: Context) -> Outcome:
+    if not gpu_test_files():
+        return Outcome(FAIL, "no test module holds a gpu-marked test", "")
     gpu = pytest("gpu-marked tests", ["-m", "gpu", *gpu_test_files()], ctx, interpret=ctx.dry_run)
     ctx.report(Outcome(FAIL, gpu.summary(), _details([gpu])))
     if ctx.dry_run:
