@@ -338,6 +338,10 @@ class Batch(Base):
     # rate, and since when that is past ``expires_at`` (its one ``batch.at_risk`` event was recorded then).
     estimated_completion_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     at_risk_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # A replay batch (POST /v1/batches/{id}/replay): the batch it replays, and, written when it is finalized,
+    # its lines compared with their originals (core/replay.py's ``counted``).
+    replay_of: Mapped[str | None] = mapped_column(String(40))
+    replay_counts: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
 
     __table_args__ = (Index("ix_batches_status", "status"),)
 

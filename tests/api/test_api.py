@@ -688,6 +688,7 @@ def test_openapi_document_is_valid_and_declares_every_response(client: TestClien
         ("/v1/batches/{batch_id}", "get"): {"200", "404", "422"},
         ("/v1/batches/{batch_id}", "delete"): {"200", "404", "409", "422"},
         ("/v1/batches/{batch_id}/cancel", "post"): {"200", "404", "409", "422"},
+        ("/v1/batches/{batch_id}/replay", "post"): {"202", "400", "404", "409", "422"},
         ("/v1/jobs/{job_id}/webhook-deliveries", "get"): {"200", "404", "422", "503"},
         ("/v1/batches/{batch_id}/webhook-deliveries", "get"): {"200", "404", "422", "503"},
         ("/v1/jobs/{job_id}/request", "get"): {"200", "404", "422", "503"},
