@@ -164,7 +164,7 @@ def live_models(sessions: sessionmaker[Session], heartbeat_timeout: float) -> di
     """The models with a live worker (absent: none), each with its newest live worker's weights."""
     query = select(Worker.model, Worker.weights).where(Worker.alive(heartbeat_timeout))
     with sessions() as session:
-        rows = session.execute(query.order_by(Worker.started_at, Worker.id)).tuples().all()
+        rows = session.execute(query.order_by(Worker.started_at, Worker.id)).all()
     live: dict[str, LiveModel] = {}
     for model, weights in rows:  # oldest first: the newest's weights stay
         live[model] = LiveModel(live[model].workers + 1 if model in live else 1, weights)
