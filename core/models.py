@@ -279,6 +279,8 @@ class Worker(Base):
     stats: Mapped[dict[str, float]] = mapped_column(JSONType, default=dict)
     # The prefix keys (jobs.prefix_key) whose blocks its engine holds now, sent with each heartbeat.
     prefix_keys: Mapped[list[int] | None] = mapped_column(JSONType)
+    # Its engine's weights as loaded (worker/engine/model/weights.py: types, bytes, kernels), for /v1/models.
+    weights: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
 
     @classmethod
     def alive(cls, heartbeat_timeout: float) -> ColumnElement[bool]:

@@ -536,7 +536,7 @@ def test_ready_only_while_a_live_worker_serves_the_model(
     assert response.json() == {
         "status": "unavailable",
         "checks": {"database": "ok", "broker": "ok", "worker": no_worker},
-        "models": {model: {"kind": "generate", "workers": 1, "live_workers": 0}},
+        "models": {model: {"kind": "generate", "workers": 1, "live_workers": 0, "weights": None}},
     }
 
     with db.begin() as session:
