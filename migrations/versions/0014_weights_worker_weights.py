@@ -1,8 +1,8 @@
 """each worker's engine's weights as loaded (types, bytes, kernels), published with its heartbeat for
 /v1/models and /readyz; rows made before: none
 
-Revision ID: 0013_weights_worker_weights
-Revises: 0012_order_fair_heads
+Revision ID: 0014_weights_worker_weights
+Revises: 0013_breplay_batch_replay
 Create Date: 2026-11-26
 """
 
@@ -10,8 +10,8 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
 
-revision = "0013_weights_worker_weights"
-down_revision = "0012_order_fair_heads"
+revision = "0014_weights_worker_weights"
+down_revision = "0013_breplay_batch_replay"
 branch_labels = None
 depends_on = None
 
