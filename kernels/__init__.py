@@ -5,6 +5,7 @@ tested against."""
 from kernels.dispatch import (
     add_rms_norm,
     backend_for,
+    encoder_attention,
     paged_attention,
     quant_linear,
     rms_norm,
@@ -20,6 +21,7 @@ __all__ = [
     "add_rms_norm",
     "backend_for",
     "copy_blocks",
+    "encoder_attention",
     "paged_attention",
     "quant_linear",
     "rms_norm",

@@ -138,6 +138,13 @@ def paged_attention(
     return out
 
 
+def encoder_attention(qkv: Tensor, lens: list[int], heads: int) -> Tensor:
+    """The reference's contract (``kernels.reference.encoder_attention``): every row attends in place, in
+    one parallel call for the whole batch, and its result does not depend on the other inputs."""
+    scale = (qkv.shape[1] // (3 * heads)) ** -0.5
+    return torch.ops.pagedq_cpu.encoder_attention(qkv, lens, heads, scale)
+
+
 def add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
     return torch.ops.pagedq_cpu.add_rms_norm(x, residual, weight, eps)
 

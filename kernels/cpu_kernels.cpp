@@ -321,6 +321,60 @@ at::Tensor paged_attention(const at::Tensor& query_in, const at::Tensor& k_cache
   return out;
 }
 
+// An encoder's bidirectional attention over packed inputs: qkv [T, 3 * heads * D] as the fused projection
+// writes it (q, k, v side by side in each row), input b its rows starts[b]..starts[b] + lens[b]. Every
+// query row attends all the rows of its own input, read in place; returns [T, heads * D]. Queries of one
+// head go three at a time (score_quad's widest group, whose per-query sums are those of a group of one or
+// two), so a row's result does not depend on the other inputs, nor on where in its input it sits.
+at::Tensor encoder_attention(const at::Tensor& qkv_in, at::IntArrayRef lens, int64_t heads, double scale) {
+  TORCH_CHECK(qkv_in.dim() == 2 && heads > 0 && qkv_in.size(1) % (3 * heads) == 0, "qkv must be [T, 3 * heads * D]");
+  const auto qkv = qkv_in.contiguous();
+  const int64_t width = qkv.size(1), hidden = width / 3, dim = hidden / heads;
+  struct Item { int64_t start, len, head, first; };
+  std::vector<Item> items;
+  int64_t start = 0;
+  for (const int64_t len : lens) {
+    TORCH_CHECK(len > 0, "inputs must have at least one token");
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t first = 0; first < len; first += 3) items.push_back({start, len, h, first});
+    start += len;
+  }
+  TORCH_CHECK(start == qkv.size(0), "lens sum to ", start, " rows, qkv has ", qkv.size(0));
+  auto out = at::empty({start, hidden}, qkv.options());
+  const int64_t num_items = static_cast<int64_t>(items.size());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, qkv.scalar_type(), "encoder_attention", [&] {
+    const scalar_t* base = qkv.data_ptr<scalar_t>();
+    scalar_t* o = out.data_ptr<scalar_t>();
+    _Pragma("omp parallel num_threads(at::get_num_threads())")
+    {
+      std::vector<float> scratch;
+      _Pragma("omp for schedule(dynamic, 8)")
+      for (int64_t i = 0; i < num_items; ++i) {
+        const Item& it = items[i];
+        const int64_t group = std::min<int64_t>(3, it.len - it.first);
+        scratch.resize(group * (2 * dim + it.len));
+        float* q = scratch.data();
+        float* acc = q + group * dim;
+        float* scores = acc + group * dim;
+        const scalar_t* rows = base + it.start * width + it.head * dim;
+        for (int64_t g = 0; g < group; ++g)
+          for (int64_t d = 0; d < dim; ++d) {
+            q[g * dim + d] = static_cast<float>(rows[(it.first + g) * width + d]) * static_cast<float>(scale);
+            acc[g * dim + d] = 0.f;
+          }
+        score_any(q, rows + hidden, width, it.len, scores, it.len, group, dim);
+        for (int64_t g = 0; g < group; ++g) softmax(scores + g * it.len, it.len);
+        add_values_any(scores, it.len, rows + 2 * hidden, width, it.len, acc, group, dim);
+        for (int64_t g = 0; g < group; ++g) {
+          scalar_t* row = o + (it.start + it.first + g) * hidden + it.head * dim;
+          for (int64_t d = 0; d < dim; ++d) row[d] = static_cast<scalar_t>(acc[g * dim + d]);
+        }
+      }
+    }
+  });
+  return out;
+}
+
 // (weight * rmsnorm(x + residual), x + residual) over the last dimension of [rows, hidden] tensors.
 std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x_in, const at::Tensor& residual_in,
                                                 const at::Tensor& weight_in, double eps) {
@@ -538,6 +592,7 @@ at::Tensor invariant_linear(const at::Tensor& x_in, const at::Tensor& w_in, cons
 
 TORCH_LIBRARY(pagedq_cpu, m) {
   m.def("paged_attention", &paged_attention);
+  m.def("encoder_attention", &encoder_attention);
   m.def("add_rms_norm", &add_rms_norm);
   m.def("silu_and_mul", &silu_and_mul);
   m.def("rotate", &rotate);

@@ -57,6 +57,12 @@ def triton_installed() -> bool:
     return True
 
 
+def encoder_attention(qkv: Tensor, lens: list[int], heads: int) -> Tensor:
+    if backend_for(qkv.device) == "cpu":
+        return cpu.encoder_attention(qkv, lens, heads)
+    return reference.encoder_attention(qkv, lens, heads)
+
+
 def write_kv(key: Tensor, value: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor) -> None:
     if backend_for(key.device) == "triton":
         from kernels.triton_write_kv import write_kv as triton_write_kv

@@ -5,6 +5,8 @@ Cache layout: ``[num_blocks, block_size, num_kv_heads, head_dim]``; token slot
 ``block_id * block_size + offset`` is row ``slot`` of the cache viewed as ``[-1, kv_heads, dim]``.
 """
 
+import itertools
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -60,6 +62,26 @@ def paged_attention(
     for seq in meta.prefills:
         k, v = gather(k_cache, v_cache, seq.block_ids, 1, buffer)
         out[seq.start : seq.end] = prefill(query, k, v, seq, scale)
+    return out
+
+
+def encoder_attention(qkv: Tensor, lens: list[int], heads: int) -> Tensor:
+    """Bidirectional attention of each packed input over its own tokens (an encoder's, no KV cache).
+
+    ``qkv`` is ``[T, 3 * heads * head_dim]`` (q, k, v side by side in each row), input b its next
+    ``lens[b]`` rows; returns ``[T, heads * head_dim]``, scaled by ``head_dim ** -0.5``. Each run of
+    equal-length inputs is one SDPA call over ``[inputs, heads, length, head_dim]``: no mask, no padding.
+    """
+    q, k, v = qkv.view(qkv.shape[0], 3, heads, -1).unbind(1)
+    out = qkv.new_empty(qkv.shape[0], qkv.shape[1] // 3)
+    first = 0
+    for length, run in itertools.groupby(lens):
+        count = len(list(run))
+        rows = slice(first, first + count * length)
+        qs, ks, vs = (x[rows].view(count, length, *x.shape[1:]).transpose(1, 2) for x in (q, k, v))
+        attended = F.scaled_dot_product_attention(qs, ks, vs)  # [count, heads, length, head_dim]
+        out[rows].view(count, length, *q.shape[1:]).copy_(attended.transpose(1, 2))
+        first += count * length
     return out
 
 

@@ -150,3 +150,17 @@ def test_invariant_linear_rows_do_not_depend_on_their_batch(k, n, bias):
     torch.testing.assert_close(out, torch.nn.functional.linear(x, w, b), rtol=1e-5, atol=1e-4)
     for rows in (slice(0, 1), slice(5, 6), slice(3, 10), slice(60, 130), slice(127, 130)):
         assert torch.equal(kernels.cpu.invariant_linear(x[rows], w, b), out[rows])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("heads", "dim"), [(12, 32), (3, 20)])  # the unrolled and the generic loops
+def test_encoder_attention_matches_the_reference_and_ignores_the_other_inputs(dtype, heads, dim):
+    generator = torch.Generator().manual_seed(7)
+    lens = [9, 9, 4, 1, 130, 2, 2, 3]  # runs of equal lengths, a one-token input, query groups' tails
+    qkv = torch.randn(sum(lens), 3 * heads * dim, generator=generator).to(dtype)
+    got = dispatch.encoder_attention(qkv, lens, heads)
+    want = reference.encoder_attention(qkv.double(), lens, heads).to(dtype)
+    torch.testing.assert_close(got, want, atol=ROUNDING[dtype], rtol=ROUNDING[dtype])
+    first = sum(lens[:4])
+    alone = dispatch.encoder_attention(qkv[first : first + 130], [130], heads)
+    assert torch.equal(alone, got[first : first + 130])  # bit for bit

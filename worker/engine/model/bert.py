@@ -3,61 +3,38 @@ batch: the tokens of every input of a step concatenated, no padding.
 
 Word + absolute position + token-type embeddings, then post-LayerNorm blocks (bidirectional attention,
 GELU MLP). The linears run on the whole packed batch at once (oneDNN, with the GELU and the residual adds
-fused in where it runs: ``cpu_linears.py``); only attention keeps the inputs apart (``varlen_attention``),
-since no input sees another's tokens. There is no KV cache.
+fused in where it runs: ``cpu_linears.py``); only attention keeps the inputs apart
+(``kernels.encoder_attention``: on CPU one C++ call per layer reading q, k and v in place), since no input
+sees another's tokens. There is no KV cache.
 """
 
-import itertools
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kernels import encoder_attention
 from worker.engine.model.cpu_linears import linear_add, linear_gelu
 from worker.engine.model.llama import empty_param
 
 
 @dataclass(frozen=True)
 class PackedBatch:
-    """The inputs of a step, their tokens concatenated: input b is rows ``starts[b]:starts[b] + lens[b]``.
-
-    Inputs of equal length placed next to each other share one attention call (``runs``), so a caller
-    that packs its inputs sorted by length makes few calls and pads nothing."""
+    """The inputs of a step, their tokens concatenated: input b is the ``lens[b]`` rows after those of
+    the inputs before it."""
 
     lens: list[int]
-    starts: list[int]
-    runs: list[tuple[int, int, int]]  # (first row, inputs, length) of each run of equal-length inputs
 
     @classmethod
     def of(cls, lens: list[int]) -> "PackedBatch":
         if not lens or min(lens) < 1:
             raise ValueError(f"a packed batch needs inputs of at least one token, got lengths {lens}")
-        starts = list(itertools.accumulate(lens[:-1], initial=0))
-        runs: list[tuple[int, int, int]] = []
-        for start, n in zip(starts, lens, strict=True):
-            if runs and runs[-1][2] == n:
-                runs[-1] = (runs[-1][0], runs[-1][1] + 1, n)
-            else:
-                runs.append((start, 1, n))
-        return cls(list(lens), starts, runs)
+        return cls(list(lens))
 
     @property
     def num_tokens(self) -> int:
         return sum(self.lens)
-
-
-def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: PackedBatch) -> torch.Tensor:
-    """Bidirectional attention of each input over its own tokens; q, k, v are ``[T, heads, head_dim]``, the
-    result ``[T, heads * head_dim]``. Each run of equal-length inputs is one SDPA call over
-    ``[inputs, heads, length, head_dim]``: no mask, no padding."""
-    out = torch.empty(batch.num_tokens, q.shape[1] * q.shape[2], dtype=q.dtype, device=q.device)
-    for first, count, length in batch.runs:
-        rows = slice(first, first + count * length)
-        qs, ks, vs = (x[rows].view(count, length, *x.shape[1:]).transpose(1, 2) for x in (q, k, v))
-        attended = F.scaled_dot_product_attention(qs, ks, vs)  # [count, heads, length, head_dim]
-        out[rows].view(count, length, *q.shape[1:]).copy_(attended.transpose(1, 2))
-    return out
 
 
 class LayerNorm(nn.Module):
@@ -87,7 +64,7 @@ class BertLayer(nn.Module):
     def __init__(self, config: "BertConfig") -> None:
         super().__init__()
         hidden = config.hidden_size
-        self.num_heads, self.head_dim = config.num_heads, hidden // config.num_heads
+        self.num_heads = config.num_heads
         self.qkv = nn.Linear(hidden, 3 * hidden)
         self.attention_out = nn.Linear(hidden, hidden)
         self.attention_norm = LayerNorm(hidden, config.layer_norm_eps)
@@ -96,8 +73,7 @@ class BertLayer(nn.Module):
         self.output_norm = LayerNorm(hidden, config.layer_norm_eps)
 
     def forward(self, x: torch.Tensor, batch: PackedBatch) -> torch.Tensor:
-        q, k, v = self.qkv(x).view(-1, 3, self.num_heads, self.head_dim).unbind(1)
-        attention = varlen_attention(q, k, v, batch)
+        attention = encoder_attention(self.qkv(x), batch.lens, self.num_heads)
         x = self.attention_norm(linear_add(self.attention_out, attention, x))
         return self.output_norm(linear_add(self.output, linear_gelu(self.intermediate, x), x))
 
