@@ -184,3 +184,17 @@ def test_bad_inputs_raise_value_error():
             cache,
             torch.tensor([0]),
         )
+
+
+def test_encoder_attention_attends_each_input_over_its_own_tokens():
+    generator = torch.Generator().manual_seed(8)
+    heads, lens = 3, [6, 6, 1, 11, 2]
+    qkv = torch.randn(sum(lens), 3 * heads * HEAD_DIM, generator=generator, dtype=torch.float64)
+    got = dispatch.encoder_attention(qkv, lens, heads)
+    start = 0
+    for n in lens:
+        q, k, v = qkv[start : start + n].view(n, 3, heads, HEAD_DIM).unbind(1)
+        weights = torch.einsum("qhd,khd->hqk", q, k).div(math.sqrt(HEAD_DIM)).softmax(-1)
+        want = torch.einsum("hqk,khd->qhd", weights, v).reshape(n, -1)
+        torch.testing.assert_close(got[start : start + n], want)
+        start += n
