@@ -7,9 +7,10 @@ from dataclasses import dataclass
 DEFAULT_MODEL = "smollm2-135m-instruct"  # the built-in model (worker/engine/default_model.py)
 DEFAULT_EMBED_MODEL = "all-minilm-l6-v2"  # the built-in embedding model (worker/engine/minilm.py)
 # An embedding step's token budget when none is given (LLM(kind="embed")): no stream waits on an embedding
-# step, and all-MiniLM-L6-v2 on 2,000 texts of 10-250 tokens ran 4096 fastest of 2048/4096/8192 (1.3-1.4x
-# 2048's texts/s; larger steps' activations outgrow the CPU caches). bench/embeddings.py --budgets.
-EMBED_MAX_NUM_BATCHED_TOKENS = 4096
+# step. all-MiniLM-L6-v2 on 300 of bench/embeddings.py's texts (10-250 tokens), 2 threads, rounds
+# alternated on a shared 2-core box, with the encoder attention kernel: 2048 18.9 texts/s, 4096 22.1,
+# 8192 23.1, 16384 23.9; 8192 (its widest activation about 50 MB).
+EMBED_MAX_NUM_BATCHED_TOKENS = 8192
 GPU_STEP_TOKENS = 2048  # a generation step's token budget on a GPU, when none is given
 CPU_STEP_TOKENS = 512  # and on the CPU
 
