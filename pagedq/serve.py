@@ -95,10 +95,10 @@ def api_app() -> "FastAPI":
 
 def model_dir(entry: ModelEntry) -> Path:
     """A served model's Hugging Face directory (its tokenizer, config, weights): a built-in one is
-    built in the cache on first use."""
+    built in the cache on first use, a .gguf file's config and tokenizer are prepared there."""
     from worker.engine.default_model import resolve_model
 
-    return resolve_model(entry.source)
+    return resolve_model(entry.source, gguf=entry.quantization == "gguf")
 
 
 class PatientMultiprocess(Multiprocess):
