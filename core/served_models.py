@@ -41,7 +41,11 @@ class ModelEntry(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _source_quantization(cls, data: Any) -> Any:
-        if isinstance(data, dict) and data.get("quantization") is None and isinstance(data.get("source"), str):
+        if (
+            isinstance(data, dict)
+            and data.get("quantization") is None
+            and isinstance(data.get("source"), str)
+        ):
             return {**data, "quantization": default_quantization(data["source"])}
         return data
 
@@ -113,7 +117,8 @@ def parse_models(value: str) -> list[ModelEntry]:
 def _problems(exc: ValidationError, whole: str = "models") -> str:
     """Each problem where it is (``whole``: the list's, or the one entry's) and what it is."""
     return "; ".join(
-        f"{'.'.join(map(str, e['loc'])) or whole}: {e['msg'].removeprefix('Value error, ')}" for e in exc.errors()
+        f"{'.'.join(map(str, e['loc'])) or whole}: {e['msg'].removeprefix('Value error, ')}"
+        for e in exc.errors()
     )
 
 

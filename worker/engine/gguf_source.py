@@ -55,6 +55,12 @@ def check_gguf(path: Path) -> None:
             f"{path}: architecture {file.architecture!r} is not supported; pagedq serves GGUF files of "
             f"{sorted(ARCHITECTURES)}"
         )
+    if "rope_freqs.weight" in file.tensors:  # Llama 3.1's rope scaling, which the metadata does not say
+        raise GGUFError(
+            f"{path}: its rotary frequencies are scaled per dimension (a rope_freqs.weight tensor), which "
+            "pagedq does not read from a .gguf file; serve a Hugging Face directory holding its config.json "
+            "and this file, with quantization='gguf'"
+        )
 
 
 def write_model_files(path: Path, out: Path) -> None:
