@@ -44,11 +44,11 @@ def test_inline_json_and_a_toml_file_say_the_same(tmp_path: Path) -> None:
 
 def test_an_entry_shapes_the_engine_it_runs_on() -> None:
     entry = parse_models(
-        '{"models": [{"name": "m", "source": "/w/m", "quantization": "gguf", "seats": 4}]}'
+        '{"models": [{"name": "m", "source": "/w/m-q8", "quantization": "gguf", "seats": 4}]}'
     )[0]
     config = entry.engine_config(EngineConfig(max_num_batched_tokens=512))
     assert (config.model, config.quantization, config.max_num_seqs, config.max_num_batched_tokens) == (
-        "/w/m",
+        "/w/m-q8",
         "gguf",
         4,
         512,
@@ -122,7 +122,8 @@ def test_a_gguf_file_source_serves_its_weights_as_they_are_and_a_bad_one_is_a_co
     }
     for value, says in refusals.items():
         source = json.loads(value)[0]["source"]
-        with pytest.raises(ModelsError, match=rf"^PAGEDQ_MODELS: 0: source '{re.escape(source)}': .*{re.escape(says)}"):
+        where = re.escape(f"PAGEDQ_MODELS: 0: source '{source}': ")
+        with pytest.raises(ModelsError, match=rf"^{where}.*{re.escape(says)}"):
             parse_models(value)
-    with pytest.raises(ModelsError, match=rf"^PAGEDQ_MODEL: the model: source '.*missing.gguf': the file"):
+    with pytest.raises(ModelsError, match=r"^PAGEDQ_MODEL: the model: source '.*missing.gguf': the file"):
         served_models(Settings(models="", model=str(tmp_path / "missing.gguf"), embed_model=""))

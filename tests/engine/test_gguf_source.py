@@ -73,8 +73,8 @@ def test_a_gguf_file_that_cannot_be_served_fails_at_start_naming_the_file(
     with pytest.raises(GGUFError, match=rf"{gpt2}: architecture 'gpt2' is not supported"):
         LLM(str(gpt2), **ENGINE)
 
-    with pytest.raises(FileNotFoundError, match="no such .gguf file"):
+    with pytest.raises(FileNotFoundError, match=r"no such \.gguf file"):
         LLM(str(tmp_path / "missing.gguf"), **ENGINE)
-    with pytest.raises(ValueError, match="is a .gguf file, served with its weights in their GGUF types"):
+    with pytest.raises(ValueError, match=r"is a \.gguf file, served with its weights in their GGUF types"):
         LLM(str(tiny_llama_gguf / "model.gguf"), quantization="none", **ENGINE)
     assert not (cache / "models" / "gguf").exists()  # nothing prepared for any of them

@@ -31,9 +31,10 @@ class LLM:
     """Generate for a whole list of prompts at once, continuously batched.
 
     Takes every ``EngineConfig`` field as a keyword, e.g.
-    ``LLM("/models/Llama-3.1-8B-Instruct", dtype="bfloat16")``; a ``.gguf`` file serves its weights in
-    their GGUF types (``quantization="gguf"``, its default): ``LLM("/models/model.Q4_K_M.gguf")``. ``kind="embed"`` serves the model for
-    embeddings instead (default: the built-in all-MiniLM-L6-v2): ``LLM(kind="embed").embed(texts)``.
+    ``LLM("/models/Llama-3.1-8B-Instruct", dtype="bfloat16")``. A ``.gguf`` file serves its weights in their
+    GGUF types (``quantization="gguf"``, its default): ``LLM("/models/model.Q4_K_M.gguf")``.
+    ``kind="embed"`` serves the model for embeddings instead (default: the built-in all-MiniLM-L6-v2):
+    ``LLM(kind="embed").embed(texts)``.
     """
 
     def __init__(self, model: str | None = None, kind: str = "generate", **engine_args: object) -> None:
