@@ -42,8 +42,13 @@ test: lint test-setup
 test-fast: lint test-setup
 	$(PY) -m pytest -q -m fast
 
-bench: setup
+bench: $(VENV)/.bench-installed
 	$(PY) bench/engine_throughput.py
+
+# The `bench` extra (ONNX Runtime for bench/embeddings.py), on top of `setup`; CI never installs it.
+$(VENV)/.bench-installed: $(VENV)/.installed
+	$(PY) -m pip install --progress-bar on -e '.[bench]'
+	touch $@
 
 # The GPU runbook (README, "On a GPU"): `make gpu-check STEPS=1-4`, `make gpu-check ARGS=--dry-run`.
 # A bare GPU machine has no venv: the python on PATH runs it there.

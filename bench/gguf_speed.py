@@ -25,8 +25,9 @@ from bench.decode_step_cpu import measure, pagedq_step
 from worker.engine.default_model import ensure_default_gguf
 from worker.engine.model.cpu_linears import OneDNNLinear
 from worker.engine.model.gguf_layers import GGUFLinear, float_rows
-from worker.engine.model.gguf_loader import load_gguf_model, summary, weight_bytes
+from worker.engine.model.gguf_loader import load_gguf_model
 from worker.engine.model.model_config import ModelConfig
+from worker.engine.model.weights import describe
 
 PATHS = ("float32", "float", "int8")
 HEADER = "| float32 | gguf float | gguf int8 | float32 / float | float32 / int8 |"
@@ -96,7 +97,8 @@ def main() -> None:
     gguf = ensure_default_gguf()
     model = load_gguf_model(ModelConfig.from_pretrained(gguf.parent), args.context + 64, gguf)
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, context {args.context}")
-    print(f"gguf: {summary(model)}, {weight_bytes(model) / 2**20:.0f} MiB in all")
+    weights = describe(model, "cpu")
+    print(f"gguf: {weights.types} tensors, {weights.bytes / 2**20:.0f} MiB in all, {weights.kernels}")
     decode_steps(gguf.parent, [int(b) for b in args.batches.split(",")], args.context, args.iters)
     linear_shapes(model, [int(m) for m in args.rows.split(",")], args.iters)
 

@@ -279,6 +279,8 @@ class Worker(Base):
     stats: Mapped[dict[str, float]] = mapped_column(JSONType, default=dict)
     # The prefix keys (jobs.prefix_key) whose blocks its engine holds now, sent with each heartbeat.
     prefix_keys: Mapped[list[int] | None] = mapped_column(JSONType)
+    # Its engine's weights as loaded (worker/engine/model/weights.py: types, bytes, kernels), for /v1/models.
+    weights: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
 
     @classmethod
     def alive(cls, heartbeat_timeout: float) -> ColumnElement[bool]:
@@ -338,6 +340,10 @@ class Batch(Base):
     # rate, and since when that is past ``expires_at`` (its one ``batch.at_risk`` event was recorded then).
     estimated_completion_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     at_risk_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # A replay batch (POST /v1/batches/{id}/replay): the batch it replays, and, written when it is finalized,
+    # its lines compared with their originals (core/replay.py's ``counted``).
+    replay_of: Mapped[str | None] = mapped_column(String(40))
+    replay_counts: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
 
     __table_args__ = (Index("ix_batches_status", "status"),)
 

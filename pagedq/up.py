@@ -152,7 +152,8 @@ def ready_lines(url: str, workers: list[dict[str, Any]]) -> str:
             f"{worker.get('device', '?')} ({worker.get('dtype', '?')}, context {worker.get('max_model_len')})"
         )
         lines.append(
-            f"{READY}: API {url}, worker {worker['worker_id']}, model {worker['model']} on {where}{kv}\n"
+            f"{READY}: API {url}, worker {worker['worker_id']}, model {worker['model']} on {where}"
+            f"{kv}{weights_text(worker.get('weights'))}\n"
         )
     return (
         "".join(lines) + "Try:\n"
@@ -160,6 +161,15 @@ def ready_lines(url: str, workers: list[dict[str, Any]]) -> str:
         """    -d '{"messages": [{"role": "user", "content": "Name three rivers."}], "max_tokens": 64}'"""
         f"\nand watch it in the console: {url}/console"
     )
+
+
+def weights_text(weights: dict[str, Any] | None) -> str:
+    """The ready line's part on the engine's weights, e.g. ", weights 150 Q4_1 + 61 F32 tensors (88.2 MiB)
+    on gguf-float-fma-avx2 kernels"."""
+    if not weights:
+        return ""
+    types = " + ".join(f"{count} {name}" for name, count in weights["types"].items())
+    return f", weights {types} tensors ({weights['bytes'] / 2**20:.1f} MiB) on {weights['kernels']} kernels"
 
 
 def _stop_when_child_dies(name: str, child: subprocess.Popen[bytes], api_stopping: threading.Event) -> None:

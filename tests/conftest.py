@@ -9,7 +9,7 @@ import torch
 from core.settings import Settings
 from pagedq import cli
 from tests.support.jobs_client import Database
-from tests.support.services import database_from, migrated_template, redis_url
+from tests.support.services import Process, database_from, migrated_template, redis_url
 from tests.support.tiny_models import make_tiny_bert, make_tiny_model
 
 torch.set_num_threads(max(1, os.cpu_count() or 1))
@@ -103,3 +103,18 @@ def db(service_settings: Settings) -> Iterator[Database]:
 def _keep_pytest_logging(monkeypatch: pytest.MonkeyPatch) -> None:
     """``pagedq.cli.main`` would point the root logger at one test's captured stderr, for every later test."""
     monkeypatch.setattr(cli, "configure_logging", lambda *_: None)
+
+
+LOG_TAIL_CHARS = 6000
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> pytest.TestReport:
+    """A failing test's report ends with each running service's last log lines: a service that stalls
+    in CI shows why there, where nobody can look at its files afterwards."""
+    report = yield
+    if report.failed:
+        for process in Process.RUNNING:
+            tail = process.log()[-LOG_TAIL_CHARS:]
+            report.sections.append((f"pagedq {' '.join(process.args)} log ({process.log_path})", tail))
+    return report

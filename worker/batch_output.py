@@ -3,7 +3,8 @@
 An output line: ``{"id": "batch_req_…", "custom_id", "response": {"status_code": 200, "request_id",
 "body": <a chat.completion, text_completion or embeddings list>}, "error": null, "timings": {…}}``;
 ``timings`` is pagedq's extension (the job's queue time, time to first token, latency and per-token
-times, in ms).
+times, in ms), and so is ``manifest_digest``, the digest of the job's manifest (``GET
+/v1/jobs/{id}/manifest``'s ``digest``).
 An error line: ``{"id", "custom_id", "response": null, "error": {"code", "message"}}``.
 """
 
@@ -15,6 +16,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, load_only
 
 from core.embeddings import EMBEDDINGS_ENDPOINT, embedding_body
+from core.manifest import manifest, manifest_digest
 from core.models import Batch, Job
 from core.openai_format import completion_body
 from core.states import BatchStatus, JobStatus
@@ -37,8 +39,13 @@ COLUMNS = (
     Job.started_at,
     Job.first_token_at,
     Job.finished_at,
+    Job.prompt_token_ids,  # with id, status and model: the manifest (core/manifest.py)
+    Job.params,
+    Job.served_by,
+    Job.output_token_ids,
+    Job.replay_of,
 )
-EMBEDDING_COLUMNS = (*COLUMNS, Job.prompt_token_ids, Job.params, Job.embeddings)  # core/embeddings.py's body
+EMBEDDING_COLUMNS = (*COLUMNS, Job.embeddings)  # core/embeddings.py's body
 CANCELLED_CODE = {BatchStatus.CANCELLED: "batch_cancelled", BatchStatus.EXPIRED: "batch_expired"}
 
 
@@ -51,7 +58,8 @@ def result_files(session: Session, batch: Batch, ending: BatchStatus) -> tuple[b
         session, batch.id, EMBEDDING_COLUMNS if batch.endpoint == EMBEDDINGS_ENDPOINT else COLUMNS
     ):
         if job.status == JobStatus.SUCCEEDED:
-            output.append(_line(job, response=_response(job, batch.endpoint), timings=_timings(job)))
+            response = _response(job, batch.endpoint)
+            output.append(_line(job, response=response, timings=_timings(job), manifest_digest=_digest(job)))
         else:
             errors.append(_line(job, error=_error(job, ending)))
     return b"".join(output), b"".join(errors)
@@ -78,6 +86,10 @@ def _response(job: Job, endpoint: str) -> dict[str, Any]:
 
 def _timings(job: Job) -> dict[str, Any]:
     return timings(job).reported() | {"token_times_ms": job.token_times_ms}
+
+
+def _digest(job: Job) -> str:
+    return manifest_digest(manifest(job))
 
 
 def _error(job: Job, ending: BatchStatus) -> dict[str, str]:

@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from core.batches import cancel_unfinished
 from core.models import Batch, File, Job, utcnow
+from core.replay import batch_counts
 from core.retention import deadline
 from core.states import BatchStatus, JobStatus
 from core.webhooks import Outbox
@@ -112,6 +113,8 @@ class BatchKeeper:
             batch.retained_until = deadline(now, self.outbox.settings, batch.output_expires_after)
             batch.output_file_id = _store(session, batch, f"{batch_id}_output.jsonl", output)
             batch.error_file_id = _store(session, batch, f"{batch_id}_error.jsonl", errors)
+            if batch.replay_of is not None:
+                batch.replay_counts = batch_counts(session, batch_id)
             batch.status = ending
             setattr(batch, f"{ending.value}_at", now)
             session.flush()

@@ -69,4 +69,5 @@ def facts(embedder: JobEmbedder) -> dict[str, Any]:
         "normalized": pooling.normalize,
         "max_model_len": pooling.max_seq_length,  # the longest input it embeds (pagedq up's "context")
         "dimensions": pooling.hidden_size,
+        "weights": engine.runner.weights.as_json(),
     }

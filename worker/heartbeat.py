@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -31,15 +32,19 @@ class Heartbeat:
     writes_work: Callable[[], bool]  # the flusher's last round went through
     connectivity: Connectivity
     held_prefixes: Callable[[], Collection[int]] = tuple  # published for the other workers' claims
+    weights: Callable[[], dict[str, Any] | None] = lambda: None  # the engine's, read once it is built
 
     def __post_init__(self) -> None:
+        self._weights: dict[str, Any] | None = None
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="pagedq-heartbeat", daemon=True)
         self._last_tokens, self._last_time = 0.0, time.monotonic()
 
     def start(self) -> None:
-        """Registers the worker (raises if the database is away), then beats every period."""
-        self.store.heartbeat(self.worker_id, self.engine_stats())
+        """Registers the worker with its engine's weights (raises if the database is away), then beats
+        every period."""
+        self._weights = self.weights()
+        self.store.heartbeat(self.worker_id, self.engine_stats(), weights=self._weights)
         self.connectivity.succeeded()
         self._thread.start()
 
@@ -63,7 +68,8 @@ class Heartbeat:
         tokens = stats.get("num_generated_tokens", 0.0)
         rate = (tokens - self._last_tokens) / (now - self._last_time)
         try:
-            self.store.heartbeat(self.worker_id, stats | {"tokens_per_s": rate}, self.held_prefixes())
+            beat = stats | {"tokens_per_s": rate}
+            self.store.heartbeat(self.worker_id, beat, self.held_prefixes(), self._weights)
         except SQLAlchemyError as error:  # the flusher's failing rounds say it; so does health
             self.connectivity.failed()
             logger.debug("heartbeat failed", extra={"error": describe(error)})

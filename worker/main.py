@@ -67,18 +67,18 @@ def register_probe_queue(app: Celery, reconciler: Reconciler, turns: threading.S
 
 
 def engine_facts(engine: LLMEngine) -> dict[str, Any]:
-    """What a person starting the service wants to see: where the model runs, on which kernels, in which
-    weight types (GGUF's, with their bytes), and how much KV it holds."""
+    """What a person starting the service wants to see: where the model runs, on which kernels, its
+    weights (types, bytes, the kernels that multiply them), and how much KV it holds."""
     runner = engine.runner
-    facts = {
+    return {
         "device": str(runner.device),
         "dtype": str(runner.dtype).removeprefix("torch."),
         "kernels": runner.kernel_backend,
         "kv_cache_blocks": runner.num_blocks,
         "kv_cache_bytes": runner.kv_cache_bytes,
         "max_model_len": engine.max_model_len,
+        "weights": runner.weights.as_json(),
     }
-    return facts | runner.weights_summary()
 
 
 def served_entry(settings: Settings, model: str | None) -> ModelEntry:
@@ -214,7 +214,14 @@ def engine_host(
     period = settings.heartbeat_period
     store.held_prefixes = loop.held_prefixes  # the claim prefers them; the heartbeat publishes them
     heartbeat = Heartbeat(
-        heartbeats, worker_id, period, loop.stats, flusher.writes_work, connectivity, loop.held_prefixes
+        heartbeats,
+        worker_id,
+        period,
+        loop.stats,
+        flusher.writes_work,
+        connectivity,
+        loop.held_prefixes,
+        lambda: kind.facts(loop.engine).get("weights"),
     )
     claimer = Claimer(flights, store, worker_id, drain, loop.add, flusher.backoff, turns, kind.result_of)
     return EngineHost(claimer, loop, flusher, heartbeat, health)

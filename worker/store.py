@@ -420,10 +420,18 @@ class JobStore:
 
     # --- liveness ---
 
-    def heartbeat(self, worker_id: str, stats: dict[str, float], prefix_keys: Collection[int] = ()) -> None:
+    def heartbeat(
+        self,
+        worker_id: str,
+        stats: dict[str, float],
+        prefix_keys: Collection[int] = (),
+        weights: dict[str, Any] | None = None,
+    ) -> None:
+        """Registers or refreshes the worker's row; ``weights`` (its engine's, fixed at load) every time,
+        so that a row made again after it aged out has them too."""
         now, keys = utcnow(), sorted(prefix_keys)
         with self.sessions.begin() as session:
-            beat = {"heartbeat_at": now, "stats": stats, "prefix_keys": keys}
+            beat = {"heartbeat_at": now, "stats": stats, "prefix_keys": keys, "weights": weights}
             found = session.execute(update(Worker).where(Worker.id == worker_id).values(**beat)).rowcount
             if not found:
                 session.add(Worker(id=worker_id, model=self.model, **beat))

@@ -14,7 +14,7 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 from sqlalchemy import select, update
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, raiseload
 
 from api.batches.bulk_insert import insert_jobs
 from api.batches.check import BadLines, CheckedLine
@@ -26,14 +26,15 @@ from api.files.queries import find as find_file
 from api.http.caller import Caller
 from api.http.limits import check_active, check_sizes, hold_keys
 from api.http.problems import Conflict, Invalid, Unavailable
-from api.jobs.queries import check_webhook_url
+from api.jobs.queries import check_webhook_url, replayed
 from api.prompts.encoder import job_prefix_key
 from core.batches import cancel_unfinished, tally
-from core.models import FRESH_RESULTS, Batch, File, new_batch_id, utcnow
+from core.models import FRESH_RESULTS, Batch, File, Job, new_batch_id, utcnow
 from core.retention import batch_live, deadline, file_due
 from core.settings import Settings
 from core.states import BATCH_TERMINAL, BatchStatus, JobStatus
 from core.webhooks import publish_deliveries, record_event
+from core.windows import window_length
 
 logger = logging.getLogger(__name__)
 MAX_LISTED_ERRORS = 1000
@@ -51,7 +52,8 @@ def create(service: Service, caller: Caller, request: BatchIn) -> BatchOut:
     batch = _new_batch(service, request)
     batch.key_id = caller.key_id
     try:
-        _start(service, caller, batch, _lines(service, batch, content))
+        rows = _job_rows(service.settings, caller, batch, _lines(service, batch, content))
+        _start(service, caller, batch, rows)
     except BadLines as bad:
         _fail(service, batch, bad.errors)
     except BrokenProcessPool:
@@ -126,18 +128,15 @@ def _fail(service: Service, batch: Batch, errors: list[LineError]) -> None:
     publish_deliveries(service.celery, deliveries)
 
 
-def _start(service: Service, caller: Caller, batch: Batch, lines: Iterable[CheckedLine]) -> None:
-    """The batch and a job per line, committed once the last line is checked (``BadLines`` rolls all
-    back). Job ids count up in input order (time, a random part, then the line's number), so ordering a
-    batch's jobs by id gives its lines in order."""
+def _start(service: Service, caller: Caller, batch: Batch, rows: Iterable[dict[str, Any]]) -> None:
+    """The batch and its jobs (``rows``: their own columns, made as the insert takes them), committed once
+    the last is made (``BadLines`` rolls all back)."""
     batch.status, batch.in_progress_at = BatchStatus.IN_PROGRESS, batch.created_at
-    prefix = f"job_{int(batch.created_at.timestamp() * 1000):012x}{os.urandom(4).hex()}"
     ids: list[str] = []
     with service.sessions.begin() as session:
         session.add(batch)
         session.flush()
-        rows = _job_rows(service.settings, prefix, caller, lines, ids)
-        insert_jobs(session, _shared_by_jobs(batch), rows)
+        insert_jobs(session, _shared_by_jobs(batch), _noting_ids(rows, ids))
         batch.total = len(ids)
         if caller.key_id is not None and caller.limits is not None:
             hold_keys(session, [caller.key_id])  # counted after every other submission of the key
@@ -159,11 +158,24 @@ def _shared_by_jobs(batch: Batch) -> dict[str, Any]:
     } | FRESH
 
 
+def _noting_ids(rows: Iterable[dict[str, Any]], ids: list[str]) -> Iterator[dict[str, Any]]:
+    for row in rows:
+        ids.append(row["id"])
+        yield row
+
+
+def _id_prefix(batch: Batch) -> str:
+    """Job ids count up in input order (time, a random part, then the line's number), so ordering a
+    batch's jobs by id gives its lines in order."""
+    return f"job_{int(batch.created_at.timestamp() * 1000):012x}{os.urandom(4).hex()}"
+
+
 def _job_rows(
-    settings: Settings, prefix: str, caller: Caller, lines: Iterable[CheckedLine], ids: list[str]
+    settings: Settings, caller: Caller, batch: Batch, lines: Iterable[CheckedLine]
 ) -> Iterator[dict[str, Any]]:
-    """One job per line, made as the insert takes them; their ids are appended to ``ids``. A line over
-    the key's size limits refuses the batch (422; the transaction rolls back)."""
+    """One job per line. A line over the key's size limits refuses the batch (422; the transaction rolls
+    back)."""
+    prefix = _id_prefix(batch)
     for line in lines:
         if caller.limits is not None:
             params, tokens = line.params, _longest(line.prompt_token_ids)
@@ -171,9 +183,8 @@ def _job_rows(
             check_sizes(
                 caller.limits, tokens, params.get("max_tokens", 0), n, ("body", f"line {line.number}")
             )
-        ids.append(job_id := f"{prefix}{line.number:012x}")
         yield {
-            "id": job_id,
+            "id": f"{prefix}{line.number:012x}",
             "prompt": line.prompt,
             "messages": line.messages,
             "prompt_token_ids": line.prompt_token_ids,
@@ -183,6 +194,53 @@ def _job_rows(
             "custom_id": line.custom_id,
             "prefix_key": job_prefix_key(settings, line.prompt_token_ids),
         }
+
+
+def replay(service: Service, caller: Caller, batch_id: str) -> BatchOut:
+    """A new batch replaying every line of an ended batch: each line's job asks what the original line's
+    asked, with its seed (``replayed``, as a job's replay does). Once it ends, its ``replay`` counts the
+    lines identical to their originals. It counts against the caller's key as a new batch does."""
+    service.limiter.request(caller)
+    with service.sessions() as session:
+        original = find(session, caller, batch_id)
+    if original.status not in BATCH_TERMINAL:
+        message = f"batch {batch_id} is {original.status}; replay it once it has ended"
+        raise Conflict(message)
+    if not original.total:
+        raise Conflict(f"batch {batch_id} has no lines to replay: it {original.status} before any ran")
+    model = service.models.generating(original.model).name  # still served, and not an embedding model
+    batch = _replay_batch(original, model)
+    batch.key_id = caller.key_id
+    with service.sessions() as reading:  # its own connection: the insert's is busy with its COPY
+        query = select(Job).options(raiseload("*")).where(Job.batch_id == batch_id).order_by(Job.id)
+        lines = reading.scalars(query.execution_options(yield_per=1000))
+        _start(service, caller, batch, _replay_rows(batch, lines))
+    return get(service, caller, batch.id)
+
+
+def _replay_batch(original: Batch, model: str) -> Batch:
+    now = utcnow()
+    return Batch(
+        id=new_batch_id(),
+        endpoint=original.endpoint,
+        model=model,
+        input_file_id=original.input_file_id,  # the same lines
+        completion_window=original.completion_window,
+        meta=original.meta,
+        priority=original.priority,
+        webhook_url=original.webhook_url,
+        webhook_events=original.webhook_events,
+        created_at=now,
+        expires_at=now + window_length(original.completion_window),
+        output_expires_after=original.output_expires_after,
+        replay_of=original.id,
+    )
+
+
+def _replay_rows(batch: Batch, originals: Iterable[Job]) -> Iterator[dict[str, Any]]:
+    prefix = _id_prefix(batch)
+    for number, original in enumerate(originals):
+        yield {"id": f"{prefix}{number:012x}", "custom_id": original.custom_id} | replayed(original)
 
 
 def _tokens(token_ids: list[int] | list[list[int]]) -> int:

@@ -2,7 +2,7 @@
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Response
 
 from api.batches import latency as batch_latency
 from api.batches import queries as batches
@@ -77,6 +77,27 @@ def cancel_batch(batch_id: str, service: ServiceDep, caller: CallerDep) -> Batch
 def delete_batch(batch_id: str, service: ServiceDep, caller: CallerDep) -> BatchDeleted:
     batches.delete(service, caller, batch_id)
     return BatchDeleted(id=batch_id, deleted=True)
+
+
+@router.post(
+    "/{batch_id}/replay",
+    status_code=202,
+    summary="pagedq: run every line of an ended batch again, same requests and seeds, as a new batch",
+    description="The new batch (202, `Location` its URL) runs as any batch does, with its own output file; "
+    "its `replay` names the batch it replays and, once it has ended, counts the lines whose tokens are "
+    "`identical` to their originals' and those `different`, and says whether the same model (by content "
+    "digest) served them (`same_model`). A batch not ended yet, or one that never ran a line, is a 409.",
+    responses={
+        202: {"headers": {"Location": {"description": "the new batch's URL", "schema": {"type": "string"}}}}
+    }
+    | MODEL_REFUSED
+    | error(409, "Not ended yet, or no line to replay")
+    | NOT_FOUND,
+)
+def replay_batch(batch_id: str, response: Response, service: ServiceDep, caller: CallerDep) -> BatchOut:
+    batch = batches.replay(service, caller, batch_id)
+    response.headers["Location"] = f"{router.prefix}/{batch.id}"
+    return batch
 
 
 @router.get(

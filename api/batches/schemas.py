@@ -2,7 +2,8 @@
 pagedq's answers as its own.
 
 Times are Unix seconds. pagedq's extensions: a batch's ``priority``, ``webhook_url`` and ``webhook_events``
-(the SDK sends them through ``extra_body``), and ``usage`` counting tokens while the batch runs.
+(the SDK sends them through ``extra_body``), ``usage`` counting tokens while the batch runs, and a replay
+batch's ``replay``.
 """
 
 from datetime import timedelta
@@ -101,6 +102,30 @@ class BatchUsage(BaseModel):
     total_tokens: int
 
 
+class BatchReplay(BaseModel):
+    """A replay batch's lines compared with their originals (``POST /v1/batches/{id}/replay``), each as a
+    job's ``replay`` compares it; the counts are null until the batch has ended."""
+
+    replay_of: str = Field(description="the batch it replays")
+    identical: int | None = Field(
+        description="lines whose every choice's output token ids equal the original's"
+    )
+    different: int | None = Field(
+        description="lines whose tokens differ (a line whose original is gone counts in neither)"
+    )
+    same_model: bool | None = Field(
+        description="false if a model with another content digest served some line (an upgrade, say); null "
+        "while unknown"
+    )
+
+    @classmethod
+    def of(cls, batch: Batch) -> "BatchReplay | None":
+        if batch.replay_of is None:
+            return None
+        counts = batch.replay_counts or {"identical": None, "different": None, "same_model": None}
+        return cls(replay_of=batch.replay_of, **counts)
+
+
 class BatchOut(BaseModel):
     id: str
     object: Literal["batch"] = "batch"
@@ -136,6 +161,9 @@ class BatchOut(BaseModel):
         "queued ahead of it, updated as it runs; null until the model has a measured rate"
     )
     at_risk: bool = Field(description="its estimated end is past expires_at (a batch.at_risk event, once)")
+    replay: BatchReplay | None = Field(
+        None, description="pagedq: a replay batch's comparison with the batch it replays"
+    )
 
     @classmethod
     def of(cls, batch: Batch, tally: Tally) -> "BatchOut":
@@ -167,6 +195,7 @@ class BatchOut(BaseModel):
             webhook_events=batch.webhook_events,
             estimated_completion_at=unix(batch.estimated_completion_at) if running else None,
             at_risk=running and batch.at_risk_at is not None,
+            replay=BatchReplay.of(batch),
         )
 
 

@@ -13,7 +13,7 @@ from api.deps import Service, ServiceDep
 from api.health.schemas import Health, ModelReadiness, Readiness
 from api.http.auth import AdminDep
 from api.http.errors import RETRY_LATER
-from api.http.metrics import live_workers_by_model
+from api.http.metrics import LiveModel, live_models
 from api.http.responses import RETRY_AFTER, UNAVAILABLE
 
 router = APIRouter(tags=["operations"])
@@ -38,7 +38,7 @@ async def healthz() -> Health:  # on the event loop itself: it answers when the 
     },
 )
 def readyz(response: Response, service: ServiceDep, _: AdminDep) -> Readiness:
-    live: dict[str, int] = {}
+    live: dict[str, LiveModel] = {}
     checks = {
         "database": _check(_ping_database, service),
         "broker": _check(_ping_broker, service),
@@ -50,7 +50,10 @@ def readyz(response: Response, service: ServiceDep, _: AdminDep) -> Readiness:
         response.headers.update(RETRY_LATER)
     models = {
         entry.name: ModelReadiness(
-            kind=entry.kind, workers=entry.workers, live_workers=live.get(entry.name, 0)
+            kind=entry.kind,
+            workers=entry.workers,
+            live_workers=serving.workers if (serving := live.get(entry.name)) else 0,
+            weights=serving.weights if serving else None,
         )
         for entry in service.models.entries
     }
@@ -82,12 +85,12 @@ def _ping_broker(service: Service) -> None:
         connection.ensure_connection(max_retries=1, interval_start=0, timeout=BROKER_TIMEOUT)
 
 
-def _find_live_workers(service: Service, live: dict[str, int]) -> None:
+def _find_live_workers(service: Service, live: dict[str, LiveModel]) -> None:
     """Counts each model's live workers into ``live``; each served model needs one, but those listed
     with ``workers = 0`` (scaled from zero elsewhere, by KEDA on their queue's depth: docs/scale-out.md)."""
     timeout = service.settings.heartbeat_timeout
     wanted = [entry.name for entry in service.models.entries if entry.workers > 0]
-    live.update(live_workers_by_model(service.sessions, timeout))
+    live.update(live_models(service.sessions, timeout))
     if missing := [name for name in wanted if name not in live]:
         raise NotReady(f"no worker serving {', '.join(missing)} has heartbeated in the last {timeout:g} s")
 

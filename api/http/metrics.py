@@ -15,7 +15,9 @@ process answers a scrape, the histograms agree.
 import logging
 import threading
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from celery import Celery
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -152,10 +154,21 @@ def job_counts(session: Session, *where: ColumnElement[bool]) -> dict[JobStatus,
     return counts
 
 
-def live_workers_by_model(sessions: sessionmaker[Session], heartbeat_timeout: float) -> dict[str, int]:
-    counted = select(Worker.model, func.count()).where(Worker.alive(heartbeat_timeout)).group_by(Worker.model)
+@dataclass(frozen=True)
+class LiveModel:
+    workers: int  # with a recent heartbeat
+    weights: dict[str, Any] | None  # the newest live worker's engine's (None: it published none)
+
+
+def live_models(sessions: sessionmaker[Session], heartbeat_timeout: float) -> dict[str, LiveModel]:
+    """The models with a live worker (absent: none), each with its newest live worker's weights."""
+    query = select(Worker.model, Worker.weights).where(Worker.alive(heartbeat_timeout))
     with sessions() as session:
-        return dict(session.execute(counted).tuples().all())
+        rows = session.execute(query.order_by(Worker.started_at, Worker.id)).all()
+    live: dict[str, LiveModel] = {}
+    for model, weights in rows:  # oldest first: the newest's weights stay
+        live[model] = LiveModel(live[model].workers + 1 if model in live else 1, weights)
+    return live
 
 
 def live_workers(session: Session, heartbeat_timeout: float) -> list[Worker]:

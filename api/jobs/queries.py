@@ -3,6 +3,7 @@
 import hashlib
 import json
 import logging
+from typing import Any
 
 from sqlalchemy import or_, select, update
 from sqlalchemy.exc import IntegrityError
@@ -80,23 +81,32 @@ async def replay(service: Service, caller: Caller, job_id: str) -> Job:
         status=JobStatus.QUEUED,
         model=entry.name,
         priority=original.priority,
-        prompt=original.prompt,
-        messages=original.messages,
-        prompt_token_ids=original.prompt_token_ids,
-        prompt_tokens=original.prompt_tokens,
-        params=original.params,
-        meta=original.meta,
-        replay_of=original.id,
         key_id=caller.key_id,
         queued_at=now,
         published_at=now,
         expires_at=deadline(now, service.settings),
+        **replayed(original),
     )
     if caller.limits is not None:
         await run_in_threadpool(service.limiter.request, caller)
         await run_in_threadpool(admit_tokens, service, caller, job.prompt_tokens + job.params["max_tokens"])
     await service.submitter.submit(job, caller)
     return job
+
+
+def replayed(original: Job) -> dict[str, Any]:
+    """What a replay of ``original`` asks, as ``Job`` attributes: its request, with its seed (in
+    ``params``), the job it replays, and its prompt's prefix key. A replay batch's lines are these too."""
+    return {
+        "prompt": original.prompt,
+        "messages": original.messages,
+        "prompt_token_ids": original.prompt_token_ids,
+        "prompt_tokens": original.prompt_tokens,
+        "params": original.params,
+        "meta": original.meta,
+        "prefix_key": original.prefix_key,
+        "replay_of": original.id,
+    }
 
 
 def admit_tokens(service: Service, caller: Caller, tokens: int) -> None:

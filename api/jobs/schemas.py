@@ -3,6 +3,7 @@
 Timings are defined, and derived, in ``core/timings.py``; choices are read in ``core/choices.py``.
 """
 
+from dataclasses import asdict
 from datetime import datetime
 from typing import Any, Literal
 
@@ -10,8 +11,10 @@ from pydantic import BaseModel, Field
 from sqlalchemy import inspect
 
 from core.choices import choices_of
+from core.manifest import manifest, manifest_digest
 from core.models import Job
-from core.states import TERMINAL, JobStatus
+from core.replay import compare
+from core.states import JobStatus
 from core.timings import timings
 
 
@@ -90,32 +93,7 @@ class ReplayOut(BaseModel):
             return None
         # a job just made here was never loaded with its original, and has not ended anyway
         original = None if "original" in inspect(job).unloaded else job.original
-        if original is None or original.status not in TERMINAL or job.status not in TERMINAL:
-            return cls(replay_of=job.replay_of, identical=None, first_divergence=None, same_model=None)
-        digests = [(j.served_by or {}).get("model_digest") for j in (job, original)]
-        divergence = first_divergence(original.choice_token_ids, job.choice_token_ids)
-        same = None if None in digests else digests[0] == digests[1]
-        return cls(
-            replay_of=job.replay_of,
-            identical=divergence is None,
-            first_divergence=divergence,
-            same_model=same,
-        )
-
-
-def first_divergence(original: list[list[int]], replay: list[list[int]]) -> int | None:
-    """The first token index where some choice differs (a missing choice differs at 0); None: identical."""
-    firsts = []
-    for i in range(max(len(original), len(replay))):
-        a = original[i] if i < len(original) else None
-        b = replay[i] if i < len(replay) else None
-        if a is None or b is None:
-            firsts.append(0)
-        elif a != b:
-            firsts.append(
-                next((k for k, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
-            )
-    return min(firsts, default=None)
+        return cls(replay_of=job.replay_of, **asdict(compare(job, original)))
 
 
 class Manifest(BaseModel):
@@ -135,19 +113,15 @@ class Manifest(BaseModel):
         description="each choice's output token ids (while running: the first choice's flushed so far)"
     )
     replay_of: str | None
+    digest: str = Field(
+        description="sha256 of the other fields' canonical JSON (keys sorted, no spaces, UTF-8), as a "
+        "batch's output line carries it (`manifest_digest`)"
+    )
 
     @classmethod
     def of(cls, job: Job) -> "Manifest":
-        return cls(
-            job_id=job.id,
-            status=job.status,
-            model=job.model,
-            served_by=job.served_by,
-            params=job.params,
-            prompt_token_ids=job.prompt_token_ids,
-            output_token_ids=job.choice_token_ids,
-            replay_of=job.replay_of,
-        )
+        content = manifest(job)
+        return cls(**content, digest=manifest_digest(content))
 
 
 class JobOut(BaseModel):

@@ -15,7 +15,7 @@ from api.batches.lines import CHAT, COMPLETIONS
 from api.deps import Service, ServiceDep
 from api.http.auth import CallerDep
 from api.http.caller import Caller
-from api.http.metrics import live_workers_by_model
+from api.http.metrics import LiveModel, live_models
 from api.http.responses import INVALID, MODEL_REFUSED
 from api.openai import online as openai_online
 from api.openai.online import OpenAIError
@@ -67,20 +67,22 @@ async def _complete(
 
 @router.get("/models", summary="The served models, as OpenAI lists models, with their kind and context")
 def list_models(service: ServiceDep) -> dict[str, Any]:
-    live = live_workers_by_model(service.sessions, service.settings.heartbeat_timeout)
+    live = live_models(service.sessions, service.settings.heartbeat_timeout)
     return {"object": "list", "data": [_model(service, entry, live) for entry in service.models.entries]}
 
 
 @router.get("/models/{model_id:path}", summary="One model", responses=UNKNOWN_MODEL)
 def get_model(model_id: str, service: ServiceDep) -> dict[str, Any]:
-    live = live_workers_by_model(service.sessions, service.settings.heartbeat_timeout)
+    live = live_models(service.sessions, service.settings.heartbeat_timeout)
     return _model(service, service.models.entry(model_id), live)
 
 
-def _model(service: Service, entry: ModelEntry, live: dict[str, int]) -> dict[str, Any]:
+def _model(service: Service, entry: ModelEntry, live: dict[str, LiveModel]) -> dict[str, Any]:
     """OpenAI's fields, then pagedq's: a generate model's context length is its encoder's (loaded
-    on first use); an embedding model's is its worker's business (None here)."""
+    on first use); an embedding model's is its worker's business (None here). ``weights`` are its newest
+    live worker's as loaded (types, bytes, kernels); None while no worker of it is live."""
     generate = entry.kind == "generate"
+    serving = live.get(entry.name)
     return {
         "id": entry.name,
         "object": "model",
@@ -90,5 +92,6 @@ def _model(service: Service, entry: ModelEntry, live: dict[str, int]) -> dict[st
         "context_length": service.models.encoder(entry.name).context_length if generate else None,
         "dtype": entry.dtype,
         "quantization": entry.quantization,
-        "live_workers": live.get(entry.name, 0),
+        "live_workers": serving.workers if serving else 0,
+        "weights": serving.weights if serving else None,
     }

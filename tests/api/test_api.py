@@ -536,7 +536,7 @@ def test_ready_only_while_a_live_worker_serves_the_model(
     assert response.json() == {
         "status": "unavailable",
         "checks": {"database": "ok", "broker": "ok", "worker": no_worker},
-        "models": {model: {"kind": "generate", "workers": 1, "live_workers": 0}},
+        "models": {model: {"kind": "generate", "workers": 1, "live_workers": 0, "weights": None}},
     }
 
     with db.begin() as session:
@@ -690,6 +690,7 @@ def test_openapi_document_is_valid_and_declares_every_response(client: TestClien
         ("/v1/batches/{batch_id}", "get"): {"200", "404", "422", "503"},
         ("/v1/batches/{batch_id}", "delete"): {"200", "404", "409", "422", "503"},
         ("/v1/batches/{batch_id}/cancel", "post"): {"200", "404", "409", "422", "503"},
+        ("/v1/batches/{batch_id}/replay", "post"): {"202", "400", "404", "409", "422", "503"},
         ("/v1/jobs/{job_id}/webhook-deliveries", "get"): {"200", "404", "422", "503"},
         ("/v1/batches/{batch_id}/webhook-deliveries", "get"): {"200", "404", "422", "503"},
         ("/v1/jobs/{job_id}/request", "get"): {"200", "404", "422", "503"},

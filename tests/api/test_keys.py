@@ -224,6 +224,9 @@ def test_a_user_key_cannot_reach_another_keys_objects(
         ("DELETE", "/v1/batches/{batch_id}"): lambda h, o: client.delete(
             f"/v1/batches/{o['batch']}", headers=h
         ),
+        ("POST", "/v1/batches/{batch_id}/replay"): lambda h, o: client.post(
+            f"/v1/batches/{o['batch']}/replay", headers=h
+        ),
         ("GET", "/v1/batches/{batch_id}/latency"): lambda h, o: client.get(
             f"/v1/batches/{o['batch']}/latency", headers=h
         ),
@@ -268,6 +271,8 @@ def test_a_user_key_cannot_reach_another_keys_objects(
     assert [j.status for j in db.jobs([job])] == ["queued"]  # bob's cancel did nothing
     assert client.get(f"/v1/files/{file}/content", headers=a).status_code == 200
     assert client.get(f"/v1/batches/{batch}", headers=a).status_code == 200  # bob's delete did nothing
+    running = client.post(f"/v1/batches/{batch}/replay", headers=a)  # no worker here: it never ends
+    assert running.status_code == 409 and "replay it once it has ended" in running.json()["detail"]
     assert client.get(f"/v1/jobs/{job}", headers=bearer(admin)).status_code == 200  # admins see all
     with db.sessions() as session:  # key material is in no row: only its hash
         dump = " ".join(str(row) for row in session.execute(text("SELECT * FROM jobs")).all())

@@ -4,6 +4,7 @@ model's own encoder, context and queue; unknown models and the wrong kind refuse
 import json
 import uuid
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -127,18 +128,36 @@ def test_a_batch_runs_its_first_lines_model_and_refuses_lines_naming_another(
     assert bad["status"] == "failed" and codes == [(2, "model_mismatch"), (3, "model_not_found")]
 
 
-def test_models_and_readiness_report_each_models_kind_context_and_live_workers(
+def test_models_and_readiness_report_each_models_kind_context_live_workers_and_weights(
     client: TestClient, names: dict[str, str]
 ) -> None:
+    older = {"types": {"F32": 15}, "bytes": 460_032, "kernels": "float32-onednn"}
+    newest = {"types": {"F32": 5, "Q4_1": 16}, "bytes": 91_136, "kernels": "gguf-float-fma-avx2"}
+    now = utcnow()
     with client.app.state.service.sessions.begin() as session:
-        session.add(Worker(id="w:1", model=names["short"], heartbeat_at=utcnow(), stats={}))
+        for i, (at, weights) in enumerate(((now - timedelta(minutes=1), older), (now, newest))):
+            short = names["short"]
+            session.add(
+                Worker(id=f"w:{i}", model=short, started_at=at, heartbeat_at=now, stats={}, weights=weights)
+            )
+        silent = now - timedelta(hours=1)  # not live: neither counted nor its weights reported
+        session.add(Worker(id="w:gone", model=names["chat"], heartbeat_at=silent, stats={}, weights=older))
     listed = {m["id"]: m for m in client.get("/v1/models").json()["data"]}
-    assert {name: (m["kind"], m["context_length"], m["live_workers"]) for name, m in listed.items()} == {
-        names["chat"]: ("generate", 1024, 0),
-        names["short"]: ("generate", 64, 1),
-        names["embed"]: ("embed", None, 0),
+    reported = {
+        name: (m["kind"], m["context_length"], m["live_workers"], m["weights"]) for name, m in listed.items()
+    }
+    assert reported == {
+        names["chat"]: ("generate", 1024, 0, None),  # no live worker: no weights to tell
+        names["short"]: ("generate", 64, 2, newest),  # its newest live worker's
+        names["embed"]: ("embed", None, 0, None),
     }
     ready = client.get("/readyz").json()
-    assert ready["models"][names["short"]] == {"kind": "generate", "workers": 1, "live_workers": 1}
+    assert ready["models"][names["short"]] == {
+        "kind": "generate",
+        "workers": 1,
+        "live_workers": 2,
+        "weights": newest,
+    }
+    assert ready["models"][names["chat"]]["weights"] is None
     # The chat model has no live worker; the embedding model, listed with workers = 0, needs none.
     assert ready["checks"]["worker"].startswith(f"failed: no worker serving {names['chat']} has")

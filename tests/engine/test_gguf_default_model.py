@@ -21,7 +21,6 @@ from kernels import AttentionMetadata
 from tests.engine.test_smollm2_parity import QUESTIONS
 from worker.engine import LLM, SamplingParams
 from worker.engine.default_model import DEFAULT_MODEL
-from worker.engine.model.gguf_loader import weight_types
 from worker.engine.model.llama import LlamaForCausalLM
 
 pytestmark = pytest.mark.slow
@@ -84,7 +83,7 @@ def gguf(kernel: str) -> LLM:
         max_num_batched_tokens=1024,
         kv_cache_bytes=256 << 20,
     )
-    types = weight_types(llm.engine.runner.model)
+    types = llm.engine.runner.weights.types
     assert "Q4_1" in types and set(types) <= {"Q4_1", "Q8_0", "Q6_K", "F16", "F32"}
     return llm
 

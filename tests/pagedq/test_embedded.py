@@ -2,12 +2,16 @@
 
 import json
 import signal
+from collections import Counter
 from pathlib import Path
 
 import httpx
+from gguf import GGUFReader
+from safetensors.torch import load_file
 
 from core.settings import Settings
 from pagedq.up import READY
+from tests.support.gguf_files import gguf_model_dir
 from tests.support.services import Process, free_port, service_env, wait_for
 from worker.engine import LLM, SamplingParams
 
@@ -123,3 +127,69 @@ def test_pagedq_up_serves_two_models_each_by_its_own_workers_on_its_own_queue(
     for model in ("llama", "qwen"):
         assert f"{READY}: API http://127.0.0.1:{settings.port}, worker " in log
         assert f", model {model} on cpu" in log
+
+
+def ready_line(log: str, model: str) -> str:
+    return next(
+        line for line in log.splitlines() if line.startswith(f"{READY}: ") and f" model {model} on " in line
+    )
+
+
+def test_a_model_added_to_the_list_is_served_after_a_restart_and_each_reports_its_weights(
+    tiny_llama: Path, tiny_qwen2: Path, tmp_path: Path
+) -> None:
+    """Adding a model is editing the list and restarting (here a GGUF one: a tiny Llama's weights in
+    Q8_0 and Q4_1 blocks). Each model's ready line and ``/v1/models`` entry say its weights as loaded."""
+    gguf = gguf_model_dir(tiny_llama, tmp_path / "llama-gguf", ["Q8_0", "Q4_1"])
+    two = [{"name": "llama", "source": str(tiny_llama)}, {"name": "qwen", "source": str(tiny_qwen2)}]
+    settings = embedded_settings(tiny_llama, tmp_path).model_copy(update={"models": json.dumps(two)})
+    body = {"prompt": "hello", "max_tokens": 4, "ignore_eos": True}
+    process, client = start_up(settings, tmp_path / "up1.log")
+    try:
+        wait_for(
+            lambda: process.log().count(f"{READY}: API") == 2, 30, "a ready line per model", interval=0.1
+        )
+        before = {m["id"]: m for m in client.get("/v1/models").json()["data"]}
+        unknown = client.post("/v1/jobs", json=body | {"model": "llama-q"})
+    finally:
+        process.stop()
+    assert unknown.status_code == 404, unknown.text
+
+    three = [*two, {"name": "llama-q", "source": str(gguf), "quantization": "gguf"}]
+    settings = settings.model_copy(update={"models": json.dumps(three)})
+    process, client = start_up(settings, tmp_path / "up2.log")
+    try:
+        wait_for(
+            lambda: process.log().count(f"{READY}: API") == 3, 30, "a ready line per model", interval=0.1
+        )
+        job = client.post("/v1/jobs", json=body | {"model": "llama-q"}, headers={"Prefer": "wait=60"}).json()
+        after = {m["id"]: m for m in client.get("/v1/models").json()["data"]}
+        ready = client.get("/readyz").json()["models"]
+        log = process.log()
+    finally:
+        process.stop()
+    assert job["status"] == "succeeded" and job["model"] == "llama-q", job
+    assert list(after) == ["llama", "qwen", "llama-q"]
+    assert {name: m["live_workers"] for name, m in after.items()} == {"llama": 1, "qwen": 1, "llama-q": 1}
+    assert {name: m["weights"] for name, m in ready.items()} == {
+        name: m["weights"] for name, m in after.items()
+    }
+
+    # The float32 directory: every checkpoint tensor (q/k/v and gate/up fused) in float32, on the
+    # batch-invariant kernels (the default).
+    floats = load_file(tiny_llama / "model.safetensors")
+    dense = {"types": {"F32": 15}, "bytes": 4 * sum(t.numel() for t in floats.values())}
+    assert after["llama"]["weights"] == dense | {"kernels": "float32-invariant"}
+    assert before["llama"]["weights"] == after["llama"]["weights"]
+    assert "weights 15 F32 tensors" in ready_line(log, "llama")
+
+    # The GGUF file: its tensors' own types and bytes (the blocks as stored), far less than float32.
+    file = GGUFReader(gguf / "model.gguf")
+    quantized = after["llama-q"]["weights"]
+    assert quantized["types"] == Counter(t.tensor_type.name for t in file.tensors)
+    assert set(quantized["types"]) == {"F32", "Q4_1", "Q8_0"}
+    assert quantized["bytes"] == sum(int(t.n_bytes) for t in file.tensors) < dense["bytes"] / 2
+    assert quantized["kernels"].startswith("gguf-float-fma-")
+    types = " + ".join(f"{count} {name}" for name, count in quantized["types"].items())
+    assert f"weights {types} tensors" in ready_line(log, "llama-q")
+    assert f"on {quantized['kernels']} kernels" in ready_line(log, "llama-q")

@@ -16,6 +16,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import ClassVar
 
 import psycopg
 import pytest
@@ -124,9 +125,13 @@ async def async_wait_for(
 
 
 class Process:
-    """A ``pagedq`` subcommand running as its own process group, logging to a file."""
+    """A ``pagedq`` subcommand running as its own process group, logging to a file. The live ones are
+    kept in ``RUNNING``: a failing test's report carries the end of each one's log (tests/conftest.py)."""
+
+    RUNNING: ClassVar[list["Process"]] = []
 
     def __init__(self, args: list[str], env: dict[str, str], log: Path) -> None:
+        self.args = args
         self.log_path = log
         self._log = log.open("wb")
         self.popen = subprocess.Popen(
@@ -137,6 +142,7 @@ class Process:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+        Process.RUNNING.append(self)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -153,9 +159,14 @@ class Process:
             self.signal(signal.SIGKILL)
             return self.popen.wait(10)
         finally:
-            self._log.close()
+            self._closed()
 
     def kill(self) -> None:
         self.signal(signal.SIGKILL)
         self.popen.wait(10)
+        self._closed()
+
+    def _closed(self) -> None:
         self._log.close()
+        if self in Process.RUNNING:
+            Process.RUNNING.remove(self)

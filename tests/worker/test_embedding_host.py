@@ -56,8 +56,11 @@ def test_embedding_jobs_run_to_their_vectors(host_parts, tiny_bert_model: Path) 
     ]
     host.start()
     try:
-        with store.sessions() as session:  # registered with the embedding engine's stats
-            assert session.get_one(Worker, "e1").stats["num_running"] == 0
+        with store.sessions() as session:  # registered with the embedding engine's stats and weights
+            worker = session.get_one(Worker, "e1")
+            assert worker.stats["num_running"] == 0
+            assert worker.weights == host.loop.engine.engine.runner.weights.as_json()
+            assert list(worker.weights["types"]) == ["F32"] and worker.weights["bytes"] > 0
         with ThreadPoolExecutor(2) as pool:
             assert all(r is RunResult.FINISHED for r in pool.map(host.run, jobs, timeout=60))
         assert host.run(jobs[0]) is RunResult.SKIPPED  # a redelivered message: its job is done

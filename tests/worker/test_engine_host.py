@@ -46,8 +46,10 @@ def test_jobs_run_to_their_results_and_a_stop_requeues_what_still_runs(service_s
     quick = add_job(store, model=store.model, prompt_token_ids=[1, 2, 3], params=GREEDY)
     slow = add_job(store, model=store.model, params=GREEDY | {"max_tokens": 900})
     host.start()
-    with store.sessions() as session:  # registered, with the engine's stats
-        assert session.get_one(Worker, "w1").stats["num_running"] == 0
+    with store.sessions() as session:  # registered, with the engine's stats and its weights as loaded
+        worker = session.get_one(Worker, "w1")
+        assert worker.stats["num_running"] == 0
+        assert worker.weights == host.loop.engine.runner.weights.as_json()
     try:
         with ThreadPoolExecutor(2) as pool:  # Celery's threads pool, as the worker runs it
             quick_run, slow_run = pool.submit(host.run, quick), pool.submit(host.run, slow)

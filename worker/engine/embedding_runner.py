@@ -17,6 +17,7 @@ from worker.engine.model.bert import PackedBatch
 from worker.engine.model.bert_loader import load_bert
 from worker.engine.model.loader import load_model
 from worker.engine.model.model_config import ModelConfig
+from worker.engine.model.weights import LoadedWeights, describe
 from worker.engine.model_runner import resolve_device, resolve_dtype
 
 SCRATCH_BLOCK_SIZE = 16
@@ -25,6 +26,7 @@ SCRATCH_BLOCK_SIZE = 16
 class EmbeddingRunner(Protocol):
     device: torch.device
     dtype: torch.dtype
+    weights: LoadedWeights
 
     def run(self, inputs: list[list[int]]) -> torch.Tensor:
         """Final hidden states ``[tokens, hidden]`` of ``inputs``' tokens, packed in their order."""
@@ -44,6 +46,7 @@ class EncoderRunner:
         if config.load_format != "safetensors" or model_config.path is None:
             raise ValueError(f"an encoder loads its safetensors weights; load_format={config.load_format!r}")
         self.model = load_bert(model_config.path, self.dtype, self.device, config.quantization)
+        self.weights = describe(self.model, backend_for(self.device))
 
     @torch.inference_mode()
     def run(self, inputs: list[list[int]]) -> torch.Tensor:
@@ -57,12 +60,13 @@ class DecoderRunner:
     def __init__(self, config: EngineConfig, model_config: ModelConfig) -> None:
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, model_config, self.device)
-        backend_for(self.device)  # builds the CPU kernels now, before the engine is ready
+        backend = backend_for(self.device)  # builds the CPU kernels now, before the engine is ready
         max_positions = model_config.hf_config.max_position_embeddings
         self.model_config = model_config
         self.model = load_model(
             model_config, max_positions, self.dtype, self.device, config.load_format, config.quantization
         )
+        self.weights = describe(self.model, backend)
 
     @torch.inference_mode()
     def run(self, inputs: list[list[int]]) -> torch.Tensor:

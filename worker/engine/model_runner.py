@@ -10,14 +10,13 @@ from dataclasses import dataclass
 
 import torch
 
-import kernels.cpu as cpu_kernels
 from contract.engine import EngineConfig
 from kernels import AttentionMetadata, backend_for, copy_blocks
 from worker.engine.cuda_graphs import DecodeGraphs
-from worker.engine.model.gguf_loader import weight_types
 from worker.engine.model.llama import KVCache, LlamaForCausalLM
 from worker.engine.model.loader import load_model
 from worker.engine.model.model_config import ModelConfig
+from worker.engine.model.weights import describe
 from worker.engine.scheduler import ScheduledBatch
 
 logger = logging.getLogger("pagedq.engine")
@@ -80,6 +79,8 @@ class ModelRunner:
             config.gguf_kernel,
         )
         self.batch_invariant = self.model.batch_invariant
+        self.weights = describe(self.model, self.kernel_backend)
+        logger.info("weights: %s", self.weights, extra={"weights": self.weights.as_json()})
         if config.batch_invariant and not self.batch_invariant:
             logger.warning(
                 "batch_invariant asked for, but it needs float32 on CPU with the C++ kernels and no fp16 "
@@ -88,23 +89,6 @@ class ModelRunner:
         self.num_blocks = self._num_kv_blocks(model_config)
         self.kv_caches = self._allocate_kv_cache(model_config)
         self.graphs = self._capture_decode_graphs()
-
-    @property
-    def weight_types(self) -> dict[str, int]:
-        """Bytes of weights per GGUF type under ``quantization="gguf"`` (e.g. ``{"Q4_1": ..., "Q8_0":
-        ...}``), else empty."""
-        return weight_types(self.model)
-
-    def weights_summary(self) -> dict[str, object]:
-        """For the worker's ready line, under ``quantization="gguf"``: the weights' bytes in memory per
-        type and which kernels multiply them (e.g. ``"gguf float, AVX2"``); else empty."""
-        types = self.weight_types
-        if not types:
-            return {}
-        if self.kernel_backend != "cpu":
-            return {"weight_bytes": types, "weight_kernels": "torch reference (de-quantize, float32 matmul)"}
-        level = ("scalar", "AVX2", "AVX-512 VNNI")[cpu_kernels.quant_level()]
-        return {"weight_bytes": types, "weight_kernels": f"gguf {self.config.gguf_kernel}, {level}"}
 
     # --- KV cache ---
 

@@ -72,6 +72,7 @@ class Fp16Linear(nn.Module):
         super().__init__()
         bias = None if linear.bias is None else linear.bias.detach()
         self.packed = torch.ops.quantized.linear_prepack_fp16(linear.weight.detach(), bias)
+        self.nbytes = linear.weight.numel() * 2 + (0 if bias is None else bias.nbytes)  # what it packed
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.quantized.linear_dynamic_fp16(x, self.packed)

@@ -57,13 +57,7 @@ def load_gguf_model(
     left = [name for name, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
     if left:
         raise GGUFError(f"{path}: no weights for {left[:3]}")
-    logger.info(
-        "loaded %d GGUF tensors from %s (%s)",
-        len(file.tensors),
-        path,
-        summary(model),
-        extra={"weight_types": weight_types(model), "weight_bytes": weight_bytes(model)},
-    )
+    logger.info("loaded %d GGUF tensors from %s", len(file.tensors), path)  # the runner describes them
     return model.eval().requires_grad_(False)
 
 
@@ -133,29 +127,3 @@ class Weights:
     def qkv_bias(self, blk: str, q: int, kv: int) -> torch.Tensor:
         sizes = {"q": q, "k": kv, "v": kv}
         return torch.cat([float_rows(self.get(f"{blk}.attn_{p}.bias", (n,))) for p, n in sizes.items()])
-
-
-def linears(model: nn.Module) -> list[GGUFLinear]:
-    return [m for m in model.modules() if isinstance(m, GGUFLinear)]
-
-
-def weight_types(model: nn.Module) -> dict[str, int]:
-    """Bytes of weights per GGUF type, e.g. ``{"Q4_1": 72_000_000, "Q8_0": 29_000_000}``."""
-    found: dict[str, int] = {}
-    seen: set[int] = set()
-    tensors = [part for linear in linears(model) for part in linear.parts]
-    tensors += [m.table for m in model.modules() if isinstance(m, GGUFEmbedding)]
-    for tensor in tensors:
-        if tensor.data.data_ptr() not in seen:  # a tied table counted once
-            seen.add(tensor.data.data_ptr())
-            found[tensor.type.name] = found.get(tensor.type.name, 0) + tensor.nbytes
-    return found
-
-
-def weight_bytes(model: nn.Module) -> int:
-    return sum(weight_types(model).values())
-
-
-def summary(model: nn.Module) -> str:
-    kinds = ", ".join(f"{name} {size / 2**20:.0f} MiB" for name, size in sorted(weight_types(model).items()))
-    return f"weights {kinds}"
