@@ -21,6 +21,7 @@ from api.http.body_limit import BodyLimit
 from api.http.errors import install_error_handlers
 from api.http.limits import KeyLimiter
 from api.http.metrics import Metrics
+from api.http.responses import UNAVAILABLE
 from api.jobs import router as jobs
 from api.jobs.live import LiveStreams
 from api.jobs.submitter import Submitter
@@ -79,17 +80,10 @@ def create_app(settings: Settings, locate: Locate = source_dir) -> FastAPI:
         dependencies=[Depends(current_caller), Depends(storable_url), Depends(same_origin)],
     )
     app.state.service = service
-    app.include_router(jobs.router)
-    app.include_router(files.router)
-    app.include_router(batches.router)
-    app.include_router(webhooks.router)
-    app.include_router(openai.router)
-    app.include_router(embeddings.router)
-    app.include_router(generate.router)
-    app.include_router(health.router)
-    app.include_router(admin_keys.router)
-    app.include_router(overview.router)
-    app.include_router(usage.router)
+    routers = jobs, files, batches, webhooks, openai, embeddings, generate, admin_keys, overview, usage
+    for module in routers:
+        app.include_router(module.router, responses=UNAVAILABLE)
+    app.include_router(health.router)  # /healthz reads nothing; /readyz and /metrics declare their 503
     app.mount("/console", StaticFiles(directory=CONSOLE, html=True), name="console")
     app.add_middleware(BodyLimit, settings=settings)
     install_error_handlers(app)

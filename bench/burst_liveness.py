@@ -13,21 +13,12 @@ timeouts, requeues of a silent worker and runs found lost; it exits 1 if any of 
 """
 
 import argparse
-import shutil
-import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
-
-import httpx
 
 from bench.fault_cost import PROMPTS
+from bench.stack import service_stack, submit_jobs
 from core.settings import Settings
-from core.states import TERMINAL, JobStatus
-from tests.support.jobs_client import Database, api_over_http, start_worker
-from tests.support.private_postgres import private_postgres
-from tests.support.private_redis import private_redis
-from tests.support.services import Process, wait_for
+from core.states import JobStatus
 from worker.engine.default_model import resolve_model
 
 # What the workers' logs must never say in a burst without a fault.
@@ -38,46 +29,17 @@ ALARMS = {
 }
 
 
-def burst(args: argparse.Namespace, url: str) -> list[str]:
-    body = {"max_tokens": args.max_tokens, "temperature": 0, "ignore_eos": True}
-    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(args.jobs)]
-    with httpx.Client(base_url=url, timeout=120) as client, ThreadPoolExecutor(args.submitters) as pool:
-
-        def submit(prompt: str) -> str:
-            return client.post("/v1/jobs", json={"prompt": prompt, **body}).raise_for_status().json()["id"]
-
-        return list(pool.map(submit, prompts))
-
-
-def run(args: argparse.Namespace, work: Path) -> dict[str, int | float]:
-    with private_postgres() as postgres, private_redis(work) as broker:
-        settings = Settings(
-            database_url=postgres.create_migrated_database(),
-            broker_url=broker.url(),
-            model=args.model,
-            data_dir=work / "data",
-            device="cpu",
-            max_num_seqs=args.seats,
-            heartbeat_timeout=args.heartbeat_timeout,
-        )
-        db = Database(settings)
-        workers: list[Process] = []
-        try:
-            workers += [start_worker(settings, db, work / f"worker{i}.log", timeout=600) for i in range(2)]
-            with api_over_http(settings) as url:
-                start = time.monotonic()
-                ids = burst(args, url)
-
-                def ended() -> list | None:
-                    jobs = db.jobs(ids)
-                    return jobs if all(job.status in TERMINAL for job in jobs) else None
-
-                jobs = wait_for(ended, 7200, f"{len(ids)} jobs to end", interval=1.0)
-                wall = time.monotonic() - start
-        finally:
-            for worker in workers:
-                worker.stop()
-            db.close()
+def run(args: argparse.Namespace) -> dict[str, int | float]:
+    fields = {"max_num_seqs": args.seats, "heartbeat_timeout": args.heartbeat_timeout}
+    with service_stack(model=args.model, device="cpu", **fields) as stack:
+        workers = [stack.worker(f"worker{i}") for i in range(2)]
+        with stack.api_in_process() as url:
+            start = time.monotonic()
+            prompts = [PROMPTS[i % len(PROMPTS)] for i in range(args.jobs)]
+            jobs = stack.ended(submit_jobs(url, prompts, args.max_tokens, args.submitters), interval=1.0)
+            wall = time.monotonic() - start
+        for worker in workers:
+            worker.stop()
         logs = "".join(worker.log() for worker in workers)
     return {
         "wall_s": wall,
@@ -96,13 +58,7 @@ def main() -> None:
     parser.add_argument("--model", default=Settings().model)
     args = parser.parse_args()
     args.model = str(resolve_model(args.model))  # the API is served from this process: a directory
-    if shutil.which("redis-server") is None:
-        raise SystemExit("redis-server is not on PATH")
-    work = Path(tempfile.mkdtemp(prefix="pagedq-burst-"))
-    try:
-        result = run(args, work)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    result = run(args)
     print(f"{args.jobs} jobs x {args.max_tokens} tokens, two workers of {args.seats} seats")
     print(
         "  ".join(

@@ -14,22 +14,15 @@ and the ratio to the run without a fault. The worker is never restarted.
 """
 
 import argparse
-import shutil
-import tempfile
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 
-import httpx
-from sqlalchemy.exc import OperationalError
-
+from bench.stack import Stack, service_stack, submit_jobs
 from core.settings import Settings
-from core.states import TERMINAL, JobStatus
-from tests.support.jobs_client import Database, api_over_http, start_worker
-from tests.support.private_postgres import PrivatePostgres, private_postgres
-from tests.support.private_redis import PrivateRedis, private_redis
-from tests.support.services import wait_for
+from core.states import JobStatus
+from tests.support.private_postgres import PrivatePostgres
+from tests.support.private_redis import PrivateRedis
 from worker.engine.default_model import resolve_model
 
 PROMPTS = [f"Write one sentence about the number {i}." for i in range(1000)]
@@ -50,51 +43,21 @@ def redis_restart(_: PrivatePostgres, server: PrivateRedis) -> None:
 
 
 def run(args: argparse.Namespace, fault: Callable[[PrivatePostgres, PrivateRedis], None] | None) -> dict:
-    work = Path(tempfile.mkdtemp(prefix="pagedq-fault-"))
-    try:
-        with private_postgres() as postgres, private_redis(work) as broker:
-            settings = Settings(
-                database_url=postgres.create_migrated_database(),
-                broker_url=broker.url(),
-                model=args.model,
-                data_dir=work / "data",
-                device="cpu",
-                max_num_seqs=args.seats,
-            )
-            db = Database(settings)
-            worker = start_worker(settings, db, work / "worker.log", timeout=600)
-            try:
-                with api_over_http(settings) as url:
-                    return _timed(args, settings, db, url, lambda: fault(postgres, broker) if fault else None)
-            finally:
-                worker.stop()
-                db.close()
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    with service_stack(model=args.model, device="cpu", max_num_seqs=args.seats) as stack:
+        stack.worker()
+        postgres, broker = stack.postgres, stack.redis
+        assert postgres is not None and broker is not None  # the stack's own servers
+        with stack.api_in_process() as url:
+            return _timed(args, stack, url, lambda: fault(postgres, broker) if fault else None)
 
 
-def _timed(
-    args: argparse.Namespace, settings: Settings, db: Database, url: str, fault: Callable[[], None]
-) -> dict:
-    body = {"max_tokens": args.max_tokens, "temperature": 0, "ignore_eos": True}
+def _timed(args: argparse.Namespace, stack: Stack, url: str, fault: Callable[[], None]) -> dict:
     start = time.monotonic()
-    with httpx.Client(base_url=url, timeout=60) as client:
-        ids = [
-            client.post("/v1/jobs", json={"prompt": prompt, **body}).raise_for_status().json()["id"]
-            for prompt in PROMPTS[: args.jobs]
-        ]
+    ids = submit_jobs(url, PROMPTS[: args.jobs], args.max_tokens)
     submitted = time.monotonic() - start
     injector = threading.Timer(max(0.0, args.fault_at - submitted), fault)
     injector.start()
-
-    def ended() -> list | None:
-        try:
-            jobs = db.jobs(ids)
-        except OperationalError:  # the database is down: ask again
-            return None
-        return jobs if all(job.status in TERMINAL for job in jobs) else None
-
-    jobs = wait_for(ended, 3600, f"{len(ids)} jobs to end", interval=0.5)
+    jobs = stack.ended(ids)
     wall = time.monotonic() - start
     injector.join()
     return {
@@ -120,8 +83,6 @@ def main() -> None:
     )
     args = parser.parse_args()
     args.model = str(resolve_model(args.model))  # the API is served from this process: a directory
-    if shutil.which("redis-server") is None:
-        raise SystemExit("redis-server is not on PATH")
     runs = {
         "no fault": None,
         f"PostgreSQL down {args.outage:g} s": postgres_outage(args.outage),

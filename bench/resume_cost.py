@@ -14,20 +14,14 @@ it runs.
 """
 
 import argparse
-import shutil
-import tempfile
 import time
-from pathlib import Path
 
-import httpx
 from sqlalchemy import update
 
+from bench.stack import Stack, service_stack, submit_jobs
 from core.models import TokenTimes
 from core.settings import Settings
-from core.states import TERMINAL, JobStatus
-from tests.support.jobs_client import Database, api_over_http, start_worker
-from tests.support.private_postgres import private_postgres
-from tests.support.private_redis import private_redis
+from core.states import JobStatus
 from tests.support.services import wait_for
 from worker.engine.default_model import resolve_model
 
@@ -36,47 +30,17 @@ PROMPTS = [f"Write a long story about the number {i}." for i in range(1000)]
 
 def run(args: argparse.Namespace, kill: str | None) -> dict:
     """``kill``: None, "resume" or "restart"."""
-    work = Path(tempfile.mkdtemp(prefix="pagedq-resume-"))
-    try:
-        with private_postgres() as postgres, private_redis(work) as broker:
-            settings = Settings(
-                database_url=postgres.create_migrated_database(),
-                broker_url=broker.url(),
-                model=args.model,
-                data_dir=work / "data",
-                device="cpu",
-                max_num_seqs=args.seats,
-                heartbeat_timeout=args.heartbeat_timeout,
-            )
-            db = Database(settings)
-            workers = [start_worker(settings, db, work / "worker0.log", timeout=600)]
-            try:
-                with api_over_http(settings) as url:
-                    return _timed(args, settings, db, url, workers, work, kill)
-            finally:
-                for worker in workers:
-                    worker.stop()
-                db.close()
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    fields = {"max_num_seqs": args.seats, "heartbeat_timeout": args.heartbeat_timeout}
+    with service_stack(model=args.model, device="cpu", **fields) as stack:
+        stack.worker("worker0")
+        with stack.api_in_process() as url:
+            return _timed(args, stack, url, kill)
 
 
-def _timed(
-    args: argparse.Namespace,
-    settings: Settings,
-    db: Database,
-    url: str,
-    workers: list,
-    work: Path,
-    kill: str | None,
-) -> dict:
-    body = {"max_tokens": args.max_tokens, "temperature": 0, "ignore_eos": True}
+def _timed(args: argparse.Namespace, stack: Stack, url: str, kill: str | None) -> dict:
+    db = stack.db
     start = time.monotonic()
-    with httpx.Client(base_url=url, timeout=60) as client:
-        ids = [
-            client.post("/v1/jobs", json={"prompt": prompt, **body}).raise_for_status().json()["id"]
-            for prompt in PROMPTS[: args.jobs]
-        ]
+    ids = submit_jobs(url, PROMPTS[: args.jobs], args.max_tokens)
     total = args.jobs * args.max_tokens
     flushed_at_kill = 0
     if kill is not None:
@@ -86,18 +50,13 @@ def _timed(
             f"{args.kill_at:.0%} of the tokens to be flushed",
             interval=0.2,
         )
-        workers[0].kill()
+        stack.processes[0].kill()
         flushed_at_kill = sum(job.completion_tokens for job in db.jobs(ids))
         if kill == "restart":  # without its flushed tokens a job cannot resume: it starts over
             with db.sessions.begin() as session:
                 session.execute(update(TokenTimes).where(TokenTimes.job_id.in_(ids)).values(token_ids=None))
-        workers.append(start_worker(settings, db, work / "worker1.log", timeout=600))
-    jobs = wait_for(
-        lambda: (jobs := db.jobs(ids)) and all(job.status in TERMINAL for job in jobs) and jobs,
-        3600,
-        f"{len(ids)} jobs to end",
-        interval=0.5,
-    )
+        stack.worker("worker1")
+    jobs = stack.ended(ids)
     return {
         "wall_s": time.monotonic() - start,
         "succeeded": sum(job.status == JobStatus.SUCCEEDED for job in jobs),
@@ -117,8 +76,6 @@ def main() -> None:
     parser.add_argument("--model", default=Settings().model)
     args = parser.parse_args()
     args.model = str(resolve_model(args.model))  # the API is served from this process: a directory
-    if shutil.which("redis-server") is None:
-        raise SystemExit("redis-server is not on PATH")
     print(f"{args.jobs} jobs x {args.max_tokens} tokens, {args.seats} seats, kill at {args.kill_at:.0%}")
     results = {}
     for name, kill in (("no kill", None), ("kill, resume", "resume"), ("kill, restart from zero", "restart")):

@@ -24,10 +24,7 @@ one ``(unnamed)`` row and no loop/step split.
 import argparse
 import json
 import os
-import socket
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections import defaultdict
@@ -37,14 +34,12 @@ from pathlib import Path
 import httpx
 import psutil
 import psycopg
-import redis
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.stack import Shared, service_stack  # noqa: E402
 from contract.engine import DEFAULT_MODEL  # noqa: E402
-from core.settings import Settings  # noqa: E402
-from migrations import upgrade  # noqa: E402
 
 ADMIN_URL = os.environ.get("PAGEDQ_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres")
 REDIS_URL = os.environ.get("PAGEDQ_BENCH_REDIS", "redis://127.0.0.1:6379/13")
@@ -61,36 +56,6 @@ WORKER_THREADS = (
 SEATS = "pagedq-seat"
 STEP, LOOP = "worker: engine step (engine threads - loop)", "worker: engine loop outside step"
 Cpu = dict[str, float]  # row -> CPU seconds
-
-
-def fresh_settings(model: str, api_workers: int) -> Settings:
-    with psycopg.connect(ADMIN_URL, autocommit=True) as admin:
-        admin.execute(f"DROP DATABASE IF EXISTS {DATABASE} WITH (FORCE)")
-        admin.execute(f"CREATE DATABASE {DATABASE}")
-    base = ADMIN_URL.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://", 1)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    settings = Settings(
-        database_url=f"{base}/{DATABASE}",
-        broker_url=REDIS_URL,
-        model=model,
-        port=port,
-        api_workers=api_workers,
-        heartbeat_timeout=HEARTBEAT_TIMEOUT,
-    )
-    upgrade(settings)
-    redis.Redis.from_url(REDIS_URL).flushdb()
-    return settings
-
-
-def start(command: str, settings: Settings, log: Path, **extra: object) -> subprocess.Popen[bytes]:
-    env = dict(os.environ, PAGEDQ_LOG_LEVEL="WARNING")
-    env |= {f"PAGEDQ_{k.upper()}": str(v) for k, v in settings.model_dump(exclude_unset=True).items()}
-    env |= {f"PAGEDQ_{k.upper()}": str(v) for k, v in extra.items()}
-    return subprocess.Popen(
-        [sys.executable, "-m", "pagedq", command], env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT
-    )
 
 
 def database() -> psycopg.Connection:
@@ -257,38 +222,21 @@ def main() -> None:
     parser.add_argument("--kinds", default="batch,jobs,stream")
     parser.add_argument("--api-workers", type=int, default=1)
     args = parser.parse_args()
-    settings = fresh_settings(args.model, args.api_workers)
-    url = f"http://127.0.0.1:{settings.port}"
-    logs = Path(tempfile.mkdtemp(prefix="pagedq-bench-cpu-"))
-    print(f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.2f}; logs in {logs}")
-    api = start("api", settings, logs / "api.log")
+    print(f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.2f}")
     summary: dict[tuple[str, int], float] = {}
-    try:
-        wait_until(lambda: _answers(url), 120, "the API")
+    shared = Shared(DATABASE, REDIS_URL)
+    fields = {"api_workers": args.api_workers, "heartbeat_timeout": HEARTBEAT_TIMEOUT, "log_level": "WARNING"}
+    with service_stack(shared, keep=True, model=args.model, **fields) as stack:
+        api, url = stack.api()
         for n in (int(size) for size in args.sizes.split(",")):
-            worker = start("worker", settings, logs / f"worker-{n}.log", max_num_seqs=n)
-            try:
-                with database() as db:
-                    wait_until(lambda: heartbeat_at(db) is not None, 300, "the worker")
-                measure(url, "jobs", 2, 4, -n, psutil.Process(worker.pid), psutil.Process(api.pid))  # warm
-                for run, kind in enumerate(args.kinds.split(",")):
-                    processes = psutil.Process(worker.pid), psutil.Process(api.pid)
-                    cpu, output = measure(url, kind, n, args.tokens, run, *processes)
-                    summary[kind, n] = report(kind, n, split_engine(cpu), output)
-            finally:
-                worker.terminate()
-                worker.wait(60)
-    finally:
-        api.terminate()
-        api.wait(60)
+            worker = stack.worker(f"worker-{n}", max_num_seqs=n)
+            processes = psutil.Process(worker.popen.pid), psutil.Process(api.popen.pid)
+            measure(url, "jobs", 2, 4, -n, *processes)  # warm
+            for run, kind in enumerate(args.kinds.split(",")):
+                cpu, output = measure(url, kind, n, args.tokens, run, *processes)
+                summary[kind, n] = report(kind, n, split_engine(cpu), output)
+            worker.stop()
     _verdicts(summary)
-
-
-def _answers(url: str) -> bool:
-    try:
-        return httpx.get(url + "/healthz").status_code == 200
-    except httpx.TransportError:
-        return False
 
 
 def _verdicts(summary: dict[tuple[str, int], float]) -> None:

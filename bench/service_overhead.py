@@ -40,11 +40,9 @@ import os
 import platform
 import random
 import re
-import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import asdict, dataclass
@@ -59,10 +57,10 @@ sys.path.insert(0, str(REPO))
 
 from engine_throughput import wait_quiet  # noqa: E402
 
+from bench.stack import Shared, service_stack  # noqa: E402
 from contract.engine import DEFAULT_MODEL  # noqa: E402
 from core.queue import queue_name  # noqa: E402
 from core.settings import Settings  # noqa: E402
-from migrations import upgrade  # noqa: E402
 from worker.engine import LLM, SamplingParams  # noqa: E402
 
 ADMIN_URL = os.environ.get("PAGEDQ_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres")
@@ -72,49 +70,6 @@ TARGET_BATCH_VS_GENERATE = 0.8
 TARGET_ADDED_TTFT_MS, TARGET_ADDED_ITL_MS = 30.0, 2.0
 TARGET_HEALTHZ_P99_MS = 50.0
 DOCUMENT = "The committee met on Tuesday to review the budget, the hiring plan and the new office lease."
-
-
-def fresh_settings(model: str, api_workers: int, batch_processes: int) -> Settings:
-    with psycopg.connect(ADMIN_URL, autocommit=True) as admin:
-        admin.execute(f"DROP DATABASE IF EXISTS {DATABASE} WITH (FORCE)")
-        admin.execute(f"CREATE DATABASE {DATABASE}")
-    base = ADMIN_URL.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://", 1)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    settings = Settings(
-        database_url=f"{base}/{DATABASE}",
-        broker_url="redis://127.0.0.1:6379/14",
-        model=model,
-        port=port,
-        api_workers=api_workers,
-        batch_processes=batch_processes,
-    )
-    upgrade(settings)
-    redis.Redis.from_url(settings.resolved_broker_url).flushdb()
-    return settings
-
-
-def start(command: str, settings: Settings, log: Path) -> subprocess.Popen[bytes]:
-    env = dict(os.environ, PAGEDQ_LOG_LEVEL="WARNING")
-    env |= {f"PAGEDQ_{k.upper()}": str(v) for k, v in settings.model_dump(exclude_unset=True).items()}
-    return subprocess.Popen(
-        [sys.executable, "-m", "pagedq", command], env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT
-    )
-
-
-def wait_ready(url: str, timeout: float = 120) -> None:
-    """The API answers and reaches its database and broker (no worker runs yet, so /readyz is a 503)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            checks = httpx.get(url + "/readyz").json()["checks"]
-            if checks["database"] == checks["broker"] == "ok":
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    raise SystemExit(f"the API at {url} did not become ready in {timeout}s")
 
 
 WRK_POST = """wrk.method = "POST"
@@ -426,52 +381,44 @@ def main() -> None:
     )
     args = parser.parse_args()
 
-    settings = fresh_settings(args.model, args.api_workers, args.batch_processes)
-    url = f"http://127.0.0.1:{settings.port}"
-    logs = Path(tempfile.mkdtemp(prefix="pagedq-bench-"))
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; logs in {logs}")
+    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores")
     busy = wait_quiet(60)
     print(f"cores busy before the run (other processes; ~0 is clean): {busy:.2f}")
     if busy >= 0.3:
         print("  WARNING: the machine is not quiet (a leftover pagedq process?); numbers will be noisy")
 
-    api = start("api", settings, logs / "api.log")
-    try:
-        wait_ready(url)
+    processes = {"api_workers": args.api_workers, "batch_processes": args.batch_processes}
+    shared = Shared(DATABASE, "redis://127.0.0.1:6379/14")
+    with service_stack(shared, keep=True, model=args.model, log_level="WARNING", **processes) as stack:
+        settings = stack.settings
+        _, url = stack.api()
         wait_quiet(60)  # the API's batch-checking processes load their tokenizers after it is ready
         if args.healthz_during_batch:
             report_healthz(args, healthz_during_batch(url, args.batch_lines))
             return
         if not args.stream_only:
-            health = hammer(url, args.seconds, args.concurrency, post_jobs=False, logs=logs)
-            accepted = hammer(url, args.seconds, args.concurrency, post_jobs=True, logs=logs)
+            health = hammer(url, args.seconds, args.concurrency, post_jobs=False, logs=stack.work)
+            accepted = hammer(url, args.seconds, args.concurrency, post_jobs=True, logs=stack.work)
             drop_queued(settings)
             broker = redis.Redis.from_url(settings.resolved_broker_url)
             queue = queue_name(settings.served_model_name)
             batch_rate, publish_rate = batch_accept(url, args.batch_lines, broker, queue)
             drop_queued(settings)
 
-        worker = start("worker", settings, logs / "worker.log")
+        stack.worker()
         llm = direct_llm(settings)  # idle while the service runs, and the service idle while it runs
-        try:
-            if not args.stream_only:
-                latencies = queue_latencies(url, args.latency_jobs)
-                direct = engine_latencies(llm, args.latency_jobs)
-            model = settings.served_model_name
-            # Earlier parts may leave work behind (the worker finalizes the 50,000-job batch).
-            stream_busy = wait_quiet(180)
-            pairs = stream_pairs(url, model, llm, args.stream_requests, args.stream_tokens)
-            # Service and engine alternate round by round: this machine's speed drifts by minutes.
-            batch_tps, generate_tps = [], []
-            for _ in range(args.rounds if args.batch_e2e and not args.stream_only else 0):
-                batch_tps.append(batch_end_to_end(url, args.batch_docs, args.batch_max_tokens))
-                generate_tps.append(generate_directly(llm, args.batch_docs, args.batch_max_tokens))
-        finally:
-            worker.terminate()
-            worker.wait(60)
-    finally:
-        api.terminate()
-        api.wait(60)
+        if not args.stream_only:
+            latencies = queue_latencies(url, args.latency_jobs)
+            direct = engine_latencies(llm, args.latency_jobs)
+        model = settings.served_model_name
+        # Earlier parts may leave work behind (the worker finalizes the 50,000-job batch).
+        stream_busy = wait_quiet(180)
+        pairs = stream_pairs(url, model, llm, args.stream_requests, args.stream_tokens)
+        # Service and engine alternate round by round: this machine's speed drifts by minutes.
+        batch_tps, generate_tps = [], []
+        for _ in range(args.rounds if args.batch_e2e and not args.stream_only else 0):
+            batch_tps.append(batch_end_to_end(url, args.batch_docs, args.batch_max_tokens))
+            generate_tps.append(generate_directly(llm, args.batch_docs, args.batch_max_tokens))
 
     if not args.stream_only:
         report_requests(args, health, accepted, latencies, direct, batch_rate, publish_rate)

@@ -7,6 +7,8 @@ The API checks a request at submission and the engine again at ``add_request``, 
 from collections.abc import Mapping
 from typing import Any
 
+from contract.engine import EngineConfig
+
 
 def max_model_len(config: Mapping[str, Any], cap: int | None = None) -> int:
     """A model's context from its Hugging Face config (``PretrainedConfig.to_dict()``), lowered to ``cap``.
@@ -35,18 +37,20 @@ def context_problem(prompt_tokens: int, max_tokens: int, max_model_len: int) -> 
     )
 
 
-def step_problem(
-    sequences: int, beam_search: bool, max_num_seqs: int, max_num_batched_tokens: int
-) -> str | None:
-    """Why the engine could never schedule a request of ``sequences`` (its n samples, or its beams), or
+def step_problem(sequences: int, beam_search: bool, engine: EngineConfig) -> str | None:
+    """Why ``engine`` could never schedule a request of ``sequences`` (its n samples, or its beams), or
     None: each sequence needs a seat of ``max_num_seqs``, and a beam search's beams advance together, a
-    token each, in one step of ``max_num_batched_tokens``."""
-    if sequences > max_num_seqs:
+    token each, in one step of the step budget.
+
+    A budget left to the device is the CPU's here, the smaller and so the safe one: the API does not know
+    the workers' device, and the engine resolves its own budget into its config before it checks."""
+    if sequences > engine.max_num_seqs:
         what = "beams" if beam_search else "samples"
-        return f"{sequences} {what} need a seat each; the engine has {max_num_seqs} (max_num_seqs)"
-    if beam_search and sequences > max_num_batched_tokens:
+        return f"{sequences} {what} need a seat each; the engine has {engine.max_num_seqs} (max_num_seqs)"
+    budget = engine.step_budget(on_gpu=False)
+    if beam_search and sequences > budget:
         return (
             f"a beam search of {sequences} beams advances them together, a token each, but a step "
-            f"computes at most {max_num_batched_tokens} tokens (max_num_batched_tokens)"
+            f"computes at most {budget} tokens (max_num_batched_tokens)"
         )
     return None

@@ -15,6 +15,17 @@ GPU_STEP_TOKENS = 2048  # a generation step's token budget on a GPU, when none i
 CPU_STEP_TOKENS = 512  # and on the CPU
 
 
+def is_gguf_source(model: str) -> bool:
+    """Whether ``model`` names a ``.gguf`` file (served as it is: worker/engine/gguf_source.py)."""
+    return model.strip().lower().endswith(".gguf")
+
+
+def default_quantization(model: str) -> str:
+    """What ``model`` runs with when no quantization is asked: a ``.gguf`` file's weights in their own
+    types, anything else in float."""
+    return "gguf" if is_gguf_source(model) else "none"
+
+
 @dataclass
 class EngineConfig:
     model: str = DEFAULT_MODEL

@@ -11,11 +11,11 @@ import json
 import tomllib
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
-from contract.engine import EngineConfig
+from contract.engine import EngineConfig, default_quantization, is_gguf_source
 
 if TYPE_CHECKING:
     from core.settings import Settings
@@ -33,9 +33,27 @@ class ModelEntry(BaseModel):
     source: Annotated[str, Field(min_length=1)]  # a built-in name, a Hugging Face directory or a .gguf file
     kind: Kind = "generate"
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    # Left out: "gguf" for a .gguf file (its weights in their own types), else "none" (float).
     quantization: Literal["none", "fp16", "gguf"] = "none"
     seats: Annotated[int, Field(ge=1)] | None = None  # the engine's max_num_seqs; None: the engine's default
     workers: Annotated[int, Field(ge=0)] = 1  # worker processes `pagedq up` starts for it
+
+    @model_validator(mode="before")
+    @classmethod
+    def _source_quantization(cls, data: Any) -> Any:
+        if (
+            isinstance(data, dict)
+            and data.get("quantization") is None
+            and isinstance(data.get("source"), str)
+        ):
+            return {**data, "quantization": default_quantization(data["source"])}
+        return data
+
+    @model_validator(mode="after")
+    def _gguf_file(self) -> "ModelEntry":
+        if is_gguf_source(self.source) and (problem := gguf_problem(self)):
+            raise ValueError(f"source {self.source!r}: {problem}")
+        return self
 
     def engine_config(self, base: EngineConfig) -> EngineConfig:
         """``base`` (the deployment's engine knobs) running this model."""
@@ -44,6 +62,28 @@ class ModelEntry(BaseModel):
 
 
 _ENTRIES = TypeAdapter(list[ModelEntry])
+GGUF_VERSIONS = (2, 3)
+
+
+def gguf_problem(entry: ModelEntry) -> str | None:
+    """Why ``entry``'s .gguf source cannot be served (None: it looks servable). The file's tensors and
+    architecture are checked where it is loaded (worker/engine/gguf_source.py)."""
+    if entry.kind != "generate":
+        return f"a .gguf file serves kind 'generate', not {entry.kind!r}"
+    if entry.quantization != "gguf":
+        return (
+            f"a .gguf file serves its weights in their GGUF types: quantization 'gguf' (its default), "
+            f"not {entry.quantization!r}"
+        )
+    path = Path(entry.source).expanduser()
+    try:
+        with path.open("rb") as file:
+            head = file.read(8)
+    except OSError as error:
+        return f"the file cannot be read: {error.strerror or error}"
+    if len(head) < 8 or head[:4] != b"GGUF" or int.from_bytes(head[4:], "little") not in GGUF_VERSIONS:
+        return "not a GGUF file (no GGUF magic and version 2 or 3 at its start)"
+    return None
 
 
 class ModelsError(ValueError):
@@ -70,9 +110,16 @@ def parse_models(value: str) -> list[ModelEntry]:
     try:
         entries = _ENTRIES.validate_python(data)
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'models'}: {e['msg']}" for e in exc.errors())
-        raise ModelsError(f"{origin}: {problems}") from None
+        raise ModelsError(f"{origin}: {_problems(exc)}") from None
     return _checked(entries, origin)
+
+
+def _problems(exc: ValidationError, whole: str = "models") -> str:
+    """Each problem where it is (``whole``: the list's, or the one entry's) and what it is."""
+    return "; ".join(
+        f"{'.'.join(map(str, e['loc'])) or whole}: {e['msg'].removeprefix('Value error, ')}"
+        for e in exc.errors()
+    )
 
 
 def _checked(entries: list[ModelEntry], origin: str) -> list[ModelEntry]:
@@ -89,13 +136,18 @@ def served_models(settings: "Settings") -> list[ModelEntry]:
     """The deployment's models, in the order they are listed (the first is the default chat model)."""
     if settings.models:
         return parse_models(settings.models)
-    chat = ModelEntry(
-        name=settings.served_model_name,
-        source=settings.model,
-        dtype=settings.dtype,  # type: ignore[arg-type]  # EngineConfig checks the same values
-        quantization=settings.quantization,  # type: ignore[arg-type]
-        seats=settings.max_num_seqs,
-    )
+    # PAGEDQ_QUANTIZATION left unset: the model's default (a .gguf file's weights in their own types).
+    quantization = settings.quantization if "quantization" in settings.model_fields_set else None
+    try:
+        chat = ModelEntry(
+            name=settings.served_model_name,
+            source=settings.model,
+            dtype=settings.dtype,  # type: ignore[arg-type]  # EngineConfig checks the same values
+            quantization=quantization,  # type: ignore[arg-type]
+            seats=settings.max_num_seqs,
+        )
+    except ValidationError as exc:
+        raise ModelsError(f"PAGEDQ_MODEL: {_problems(exc, 'the model')}") from None
     if not settings.embed_model or settings.embed_model == chat.name:
         return [chat]
     embed = ModelEntry(

@@ -30,7 +30,8 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("prompts", nargs="+", help="one or more prompts")
     generate.add_argument(
         "--model",
-        help=f"a Hugging Face directory or the built-in {DEFAULT_MODEL}; default: $PAGEDQ_MODEL or that",
+        help=f"a Hugging Face directory, a .gguf file or the built-in {DEFAULT_MODEL}; default: "
+        "$PAGEDQ_MODEL or that",
     )
     generate.add_argument("--chat", action="store_true", help="wrap each prompt in the model's chat template")
     generate.add_argument("--max-tokens", type=int, default=128)
@@ -142,7 +143,11 @@ def run_generate(args: argparse.Namespace) -> int:
     from worker.engine import LLM
 
     engine = {"model": args.model, "device": args.device, "dtype": args.dtype}
-    llm = LLM(**asdict(Settings().engine_config()) | given(engine))
+    settings = Settings()
+    knobs = asdict(settings.engine_config())
+    if "quantization" not in settings.model_fields_set:
+        del knobs["quantization"]  # the model's default: a .gguf file's weights in their own types
+    llm = LLM(**knobs | given(engine))
     sampling = {"temperature": args.temperature, "top_p": args.top_p, "seed": args.seed}
     params = llm.sampling_params(max_tokens=args.max_tokens, **given(sampling))
     if args.chat:

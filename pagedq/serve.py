@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import uvicorn
 from uvicorn.supervisors import Multiprocess
 
-from core.served_models import ModelEntry, served_models
+from core.served_models import ModelEntry, ModelsError, served_models
 from core.settings import Settings
 
 if TYPE_CHECKING:
@@ -35,8 +35,13 @@ def serve_api(settings: Settings) -> int:
     if not bootstrap_keys(settings):
         return 1
     logger.info("auth " + auth_mode(settings), extra={"host": settings.host})
-    for entry in served_models(settings):  # build the built-in models once, before any child wants them
-        model_dir(entry)
+    try:
+        entries = served_models(settings)
+    except ModelsError as error:
+        print(f"pagedq: {error}", file=sys.stderr)
+        return 1
+    if not prepare_models(entries):  # built-in models built once, before any child wants them
+        return 1
     options = {"host": settings.host, "port": settings.port, "log_config": None, "access_log": False}
     if settings.api_workers <= 1:
         GracefulServer(uvicorn.Config(create_app(settings, model_dir), **options)).run()
@@ -93,12 +98,24 @@ def api_app() -> "FastAPI":
     return create_app(settings, model_dir)
 
 
+def prepare_models(entries: list[ModelEntry]) -> bool:
+    """Each model's directory made ready (a built-in one built, a .gguf file's config and tokenizer
+    prepared); False (and which model, why, on stderr) when one cannot be served."""
+    for entry in entries:
+        try:
+            model_dir(entry)
+        except (OSError, ValueError) as error:  # GGUFError is a ValueError naming the file
+            print(f"pagedq: model {entry.name!r} cannot be served: {error}", file=sys.stderr)
+            return False
+    return True
+
+
 def model_dir(entry: ModelEntry) -> Path:
     """A served model's Hugging Face directory (its tokenizer, config, weights): a built-in one is
-    built in the cache on first use."""
+    built in the cache on first use, a .gguf file's config and tokenizer are prepared there."""
     from worker.engine.default_model import resolve_model
 
-    return resolve_model(entry.source)
+    return resolve_model(entry.source, gguf=entry.quantization == "gguf")
 
 
 class PatientMultiprocess(Multiprocess):
@@ -136,7 +153,6 @@ class GracefulServer(uvicorn.Server):
 
 def serve_worker(settings: Settings, ready_fd: int | None = None, model: str | None = None) -> int:
     """Refuses to start (1) for a model that is not served here, or one this build cannot serve."""
-    from core.served_models import ModelsError
     from worker.main import run_worker
 
     try:

@@ -17,9 +17,9 @@ from typing import Any
 import httpx
 
 from core.queue import queue_name
-from core.served_models import ModelEntry, served_models
+from core.served_models import ModelEntry, ModelsError, served_models
 from core.settings import Settings
-from pagedq.serve import bootstrap_keys, env_for, migrate, model_dir, serve_api
+from pagedq.serve import bootstrap_keys, env_for, migrate, prepare_models, serve_api
 
 logger = logging.getLogger("pagedq")
 
@@ -34,7 +34,7 @@ def up(settings: Settings) -> int:
     try:
         with data_dir_lock(settings.data_dir):
             return _run(settings)
-    except DataDirInUse as error:
+    except (DataDirInUse, ModelsError) as error:
         print(f"pagedq: {error}", file=sys.stderr)
         return 1
 
@@ -44,8 +44,8 @@ def _run(settings: Settings) -> int:
     if not bootstrap_keys(settings):
         return 1
     entries = [entry for entry in served_models(settings) if entry.workers > 0]
-    for entry in entries:  # build the built-in models once, before the workers and the API want them
-        model_dir(entry)
+    if not prepare_models(entries):  # built-in models built once, before the workers and the API want them
+        return 1
     url = settings.listen_url
     access = (
         "API keys required" if settings.auth_required else f"open, no API keys, to all on {settings.host}"

@@ -8,6 +8,7 @@ import torch
 
 from core.settings import Settings
 from pagedq import cli
+from tests.support.gguf_files import gguf_model_dir
 from tests.support.jobs_client import Database
 from tests.support.services import Process, database_from, migrated_template, redis_url
 from tests.support.tiny_models import make_tiny_bert, make_tiny_model
@@ -27,6 +28,15 @@ if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
 @pytest.fixture(scope="session")
 def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_tiny_model(tmp_path_factory.mktemp("tiny-llama"), "llama")
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_gguf(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``tiny_llama`` with its weights in Q8_0 and Q4_1 blocks: a directory whose ``model.gguf`` carries the
+    config and tokenizer in its metadata too, so the file serves on its own."""
+    return gguf_model_dir(
+        tiny_llama, tmp_path_factory.mktemp("tiny-llama-gguf") / "m", ["Q8_0", "Q4_1"], metadata=True
+    )
 
 
 @pytest.fixture(scope="session")

@@ -15,7 +15,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
 
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -24,7 +23,7 @@ from worker.drain import Drain
 from worker.flights import Flight, Flights
 from worker.health import describe
 from worker.results import EmbeddingResult, JobResult
-from worker.store import JobStore, database_away
+from worker.store import ClaimedJob, JobStore, database_away
 
 logger = logging.getLogger("pagedq.worker")
 
@@ -45,8 +44,8 @@ class Claimer:
     start: Callable[[Flight], None]  # hands a claimed run to the engine loop
     retry_delay: Callable[[int], float]  # seconds before the next try after this many failed ones
     turns: threading.Semaphore = field(default_factory=lambda: threading.Semaphore(CLAIM_TURNS))
-    # A new run's result, from the job's params and when it was claimed: a generation's, or an embedding's.
-    result_of: Callable[[dict[str, Any], float], JobResult | EmbeddingResult] = JobResult.of
+    # A new run's result, from the claimed job and when it was claimed: its engine kind's (worker/host.py).
+    result_of: Callable[[ClaimedJob, float], JobResult | EmbeddingResult] = JobResult.claimed
 
     def run(self, job_id: str) -> RunResult:
         flight = self.claim(job_id)
@@ -89,10 +88,7 @@ class Claimer:
                     logger.info("job not queued, skipping", extra={"job_id": job_id})
                     return RunResult.SKIPPED
                 # Running from now: a job says when it started, before a long prefill ends.
-                result = self.result_of(job.params, time.monotonic())
-                if job.resume is not None and isinstance(result, JobResult):  # goes on from flushed tokens
-                    result.resume(job.resume)
-                flight = Flight(job, result)
+                flight = Flight(job, self.result_of(job, time.monotonic()))
                 self.flights.add(flight)
                 return flight
             return RunResult.REFUSED

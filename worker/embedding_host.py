@@ -55,7 +55,7 @@ def embedding(engine_config: EngineConfig) -> EngineKind:
     ``engine_config``."""
     build = lambda: JobEmbedder(EmbeddingEngine(engine_config))  # noqa: E731
     return EngineKind(
-        lambda flights, _: EmbeddingLoop(build, flights), EmbeddingResult.of, facts, streams=False
+        lambda flights, _: EmbeddingLoop(build, flights), EmbeddingResult.claimed, facts, streams=False
     )
 
 

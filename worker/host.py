@@ -20,6 +20,7 @@ from worker.flusher import Flusher
 from worker.health import WorkerHealth
 from worker.heartbeat import Heartbeat
 from worker.results import EmbeddingResult, JobResult
+from worker.store import ClaimedJob
 from worker.streamer import TokenStreamer
 
 
@@ -28,7 +29,7 @@ class EngineKind:
     """What differs between a generation worker and an embedding worker (worker/embedding_host.py)."""
 
     make_loop: Callable[[Flights, TokenStreamer | None], EngineLoop[Any]]
-    result_of: Callable[[dict[str, Any], float], JobResult | EmbeddingResult]  # a claimed run's result
+    result_of: Callable[[ClaimedJob, float], JobResult | EmbeddingResult]  # a claimed run's, from its claim
     facts: Callable[[Any], dict[str, Any]]  # the engine's, for the ready line
     streams: bool = True  # whether runs' text goes to Redis streams
     identity: Callable[[Any], dict[str, Any]] | None = None  # what serves its runs, for manifests

@@ -99,7 +99,7 @@ def generation(engine_config: EngineConfig) -> EngineKind:
     build = lambda: LLMEngine(engine_config)  # noqa: E731
     return EngineKind(
         lambda flights, streamer: EngineLoop(build, flights, streamer),
-        JobResult.of,
+        JobResult.claimed,
         engine_facts,
         identity=served_by,
     )

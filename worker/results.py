@@ -19,7 +19,7 @@ from core.states import JobStatus
 from core.timings import ms
 from worker.embedding_jobs import JobEmbedding
 from worker.engine.outputs import CompletionOutput, RequestOutput
-from worker.store import Progress, Resume
+from worker.store import ClaimedJob, Progress, Resume
 
 TokenText = Callable[[int], str]  # a token id's text, from the engine's tokenizer
 
@@ -61,6 +61,11 @@ class JobResult:
         if resume is not None:
             result.resume(resume)
         return result
+
+    @classmethod
+    def claimed(cls, job: ClaimedJob, started: float) -> "JobResult":
+        """A claimed run's: it goes on from the earlier run's flushed tokens if the claim resumed one."""
+        return cls.of(job.params, started, job.resume)
 
     def resume(self, earlier: Resume) -> None:
         """Start from what an earlier run flushed (the store holds it): its tokens, times and text, and its
@@ -159,7 +164,8 @@ class EmbeddingResult:
     engine_ms: float = 0.0
 
     @classmethod
-    def of(cls, params: dict[str, Any], started: float | None = None) -> "EmbeddingResult":
+    def claimed(cls, job: ClaimedJob, started: float) -> "EmbeddingResult":
+        """A claimed run's: an embedding never resumes, it runs again from its inputs."""
         return cls(started=started)
 
     def fold(self, output: JobEmbedding, token_text: TokenText) -> None:

@@ -14,6 +14,7 @@ from api.health.schemas import Health, ModelReadiness, Readiness
 from api.http.auth import AdminDep
 from api.http.errors import RETRY_LATER
 from api.http.metrics import LiveModel, live_models
+from api.http.responses import RETRY_AFTER, UNAVAILABLE
 
 router = APIRouter(tags=["operations"])
 
@@ -28,7 +29,13 @@ async def healthz() -> Health:  # on the event loop itself: it answers when the 
 @router.get(
     "/readyz",
     summary="The service can run jobs: the database and the broker answer and a live worker serves the model",
-    responses={503: {"model": Readiness, "description": "Not ready; `checks` says what is missing"}},
+    responses={
+        503: {
+            "model": Readiness,
+            "description": "Not ready; `checks` says what is missing",
+            "headers": RETRY_AFTER,
+        }
+    },
 )
 def readyz(response: Response, service: ServiceDep, _: AdminDep) -> Readiness:
     live: dict[str, LiveModel] = {}
@@ -92,7 +99,7 @@ def _find_live_workers(service: Service, live: dict[str, LiveModel]) -> None:
     "/metrics",
     summary="Prometheus metrics",
     response_class=Response,
-    responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}},
+    responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}, **UNAVAILABLE},
 )
 def metrics(service: ServiceDep, _: AdminDep) -> Response:
     return Response(service.metrics.render(), media_type=CONTENT_TYPE_LATEST)

@@ -26,7 +26,18 @@ class InvalidOut(BaseModel):
 Responses = dict[int | str, dict[str, Any]]
 
 INVALID: Responses = {422: {"model": InvalidOut, "description": "Invalid request"}}
-DATABASE_DOWN: Responses = {503: {"model": ErrorOut, "description": "The database is unavailable"}}
+RETRY_AFTER = {"Retry-After": {"description": "seconds to wait", "schema": {"type": "integer"}}}  # on a 503
+
+# Every route but /healthz reads the database (with auth on, the caller's key at least) and may count a
+# key's limits in Redis: each may answer this while either is away (api/http/errors.py). api/app.py
+# declares it for every router's routes, so no route can leave it out (the health router's say it).
+UNAVAILABLE: Responses = {
+    503: {
+        "model": ErrorOut,
+        "description": "The database or the broker (Redis) is unavailable; retry later",
+        "headers": RETRY_AFTER,
+    }
+}
 
 
 def error(status: int, description: str) -> Responses:

@@ -9,7 +9,7 @@ from starlette.concurrency import run_in_threadpool
 from api.deps import Service, ServiceDep
 from api.http.auth import CallerDep
 from api.http.caller import OPEN
-from api.http.responses import DATABASE_DOWN, INVALID, MODEL_REFUSED, InvalidOut, error, not_found
+from api.http.responses import INVALID, MODEL_REFUSED, InvalidOut, error, not_found
 from api.jobs import queries as jobs
 from api.jobs.schemas import JobDeleted, JobList, JobOut, JobRequest, Manifest
 from api.jobs.streams import encoded, job_events
@@ -20,8 +20,7 @@ from core.states import TERMINAL, JobStatus
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
-COMMON = INVALID | DATABASE_DOWN
-NOT_FOUND = not_found("job") | DATABASE_DOWN
+NOT_FOUND = not_found("job")
 LOCATION = {"Location": {"description": "the job's URL", "schema": {"type": "string"}}}
 APPLIED = {
     "Preference-Applied": {"description": "`wait=N` when a wait was honoured", "schema": {"type": "string"}}
@@ -62,7 +61,7 @@ Prefer = Annotated[
             "Idempotency-Key created",
             "headers": LOCATION | APPLIED,
         },
-        **COMMON,
+        **INVALID,
         **MODEL_REFUSED,
         422: {
             "model": InvalidOut,
@@ -173,7 +172,7 @@ an admin key may name any key; a user key sees only its own jobs, so naming anot
 list."""
 
 
-@router.get("", summary="List jobs", description=LIST_DESCRIPTION, responses=COMMON)
+@router.get("", summary="List jobs", description=LIST_DESCRIPTION, responses=INVALID)
 def list_jobs(
     request: Request,
     service: ServiceDep,

@@ -4,7 +4,6 @@ from fastapi import APIRouter
 
 from api.deps import ServiceDep
 from api.http.auth import CallerDep
-from api.http.responses import DATABASE_DOWN
 from api.overview import queries as overview
 from api.overview.schemas import Overview
 
@@ -14,7 +13,6 @@ router = APIRouter(tags=["operations"])
 @router.get(
     "/v1/overview",
     summary="Jobs by state, queue depth and age, live workers with engine gauges, the last hour by minute",
-    responses=DATABASE_DOWN,
 )
 def get_overview(service: ServiceDep, caller: CallerDep) -> Overview:
     return overview.overview(service, caller)

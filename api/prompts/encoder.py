@@ -186,9 +186,7 @@ class PromptEncoder:
         more sequences than the engine could ever schedule at once."""
         field = "messages" if spec.messages is not None else "prompt"
         sequences = (spec.best_of or spec.n) if spec.use_beam_search else spec.n
-        # The API does not know the workers' device: the smaller default budget (CPU's) is the safe one.
-        knobs = self.engine.max_num_seqs, self.engine.step_budget(on_gpu=False)
-        if step := context.step_problem(sequences, spec.use_beam_search, *knobs):
+        if step := context.step_problem(sequences, spec.use_beam_search, self.engine):
             return PromptError("best_of" if spec.use_beam_search and spec.best_of else "n", step)
         if not token_ids:
             return PromptError(field, "the prompt encodes to no tokens")

@@ -7,7 +7,7 @@ from fastapi import APIRouter, Query
 
 from api.deps import ServiceDep
 from api.http.auth import CallerDep
-from api.http.responses import DATABASE_DOWN, INVALID
+from api.http.responses import INVALID
 from api.usage import queries
 from api.usage.schemas import UsageList
 
@@ -17,7 +17,7 @@ router = APIRouter(tags=["operations"])
 @router.get(
     "/v1/usage",
     summary="Jobs, tokens and engine time per key, model and UTC day (a user key: its own; an admin: all)",
-    responses=DATABASE_DOWN | INVALID,
+    responses=INVALID,
 )
 def get_usage(
     service: ServiceDep,

@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 from api.batches import queries as batches
 from api.deps import ServiceDep
 from api.http.auth import CallerDep
-from api.http.responses import DATABASE_DOWN, not_found
+from api.http.responses import not_found
 from api.jobs import queries as jobs
 from core.models import WebhookDelivery
 
@@ -55,7 +55,7 @@ class DeliveryList(BaseModel):
 @router.get(
     "/v1/jobs/{job_id}/webhook-deliveries",
     summary="A job's webhook deliveries, with every attempt",
-    responses=not_found("job") | DATABASE_DOWN,
+    responses=not_found("job"),
 )
 def job_deliveries(job_id: str, service: ServiceDep, caller: CallerDep) -> DeliveryList:
     with service.sessions() as session:
@@ -66,7 +66,7 @@ def job_deliveries(job_id: str, service: ServiceDep, caller: CallerDep) -> Deliv
 @router.get(
     "/v1/batches/{batch_id}/webhook-deliveries",
     summary="A batch's webhook deliveries, with every attempt",
-    responses=not_found("batch") | DATABASE_DOWN,
+    responses=not_found("batch"),
 )
 def batch_deliveries(batch_id: str, service: ServiceDep, caller: CallerDep) -> DeliveryList:
     with service.sessions() as session:

@@ -15,6 +15,7 @@ from api.app import create_app
 from core.models import Worker, utcnow
 from core.queue import make_celery, queue_depth, queue_name
 from core.settings import Settings
+from pagedq.serve import model_dir
 from tests.support.tiny_models import make_tiny_model
 
 PROMPT = "The quick brown fox"
@@ -161,3 +162,31 @@ def test_models_and_readiness_report_each_models_kind_context_live_workers_and_w
     assert ready["models"][names["chat"]]["weights"] is None
     # The chat model has no live worker; the embedding model, listed with workers = 0, needs none.
     assert ready["checks"]["worker"].startswith(f"failed: no worker serving {names['chat']} has")
+
+
+def test_a_gguf_file_is_tokenized_by_its_own_metadata_as_its_directory_is(
+    service_settings: Settings, tiny_llama_gguf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The API locates a .gguf source as `pagedq serve` does (``model_dir``): its config and tokenizer,
+    prepared once from the file's metadata, tokenize a chat and apply its context, as the directory that
+    holds it with a Hugging Face config does."""
+    monkeypatch.setenv("PAGEDQ_CACHE_DIR", str(tmp_path / "cache"))
+    tag = uuid.uuid4().hex[:6]
+    file, folder = f"file-{tag}", f"folder-{tag}"
+    models = [
+        {"name": file, "source": str(tiny_llama_gguf / "model.gguf")},  # quantization: gguf, its default
+        {"name": folder, "source": str(tiny_llama_gguf), "quantization": "gguf"},
+    ]
+    settings = Settings(**{**service_settings.model_dump(), "models": json.dumps(models)})
+    chat = {"messages": [{"role": "user", "content": "héllo wörld 🙂, the quick brown fox"}], "max_tokens": 4}
+    with TestClient(create_app(settings, model_dir)) as client:
+        jobs = {name: client.post("/v1/jobs", json=chat | {"model": name}) for name in (file, folder)}
+        asked = {
+            name: client.get(f"/v1/jobs/{job.json()['id']}/request").json() for name, job in jobs.items()
+        }
+        too_long = client.post("/v1/jobs", json=chat | {"model": file, "max_tokens": 1020})
+        listed = {m["id"]: m for m in client.get("/v1/models").json()["data"]}
+    assert [job.status_code for job in jobs.values()] == [202, 202], jobs[file].text
+    assert asked[file]["prompt_tokens"] == asked[folder]["prompt_tokens"] > 10
+    assert too_long.status_code == 422 and "context of 1024 tokens" in too_long.text
+    assert listed[file]["context_length"] == 1024

@@ -1,5 +1,6 @@
 """The deployment's list of models: parsed from inline JSON or a models file, defaults, refusals."""
 
+import json
 import re
 from pathlib import Path
 
@@ -43,11 +44,11 @@ def test_inline_json_and_a_toml_file_say_the_same(tmp_path: Path) -> None:
 
 def test_an_entry_shapes_the_engine_it_runs_on() -> None:
     entry = parse_models(
-        '{"models": [{"name": "m", "source": "/w/m.gguf", "quantization": "gguf", "seats": 4}]}'
+        '{"models": [{"name": "m", "source": "/w/m-q8", "quantization": "gguf", "seats": 4}]}'
     )[0]
     config = entry.engine_config(EngineConfig(max_num_batched_tokens=512))
     assert (config.model, config.quantization, config.max_num_seqs, config.max_num_batched_tokens) == (
-        "/w/m.gguf",
+        "/w/m-q8",
         "gguf",
         4,
         512,
@@ -99,3 +100,30 @@ def test_the_readmes_models_file_reads_as_written(tmp_path: Path) -> None:
         ("llama-8b", "generate", 1, 64),
         ("all-minilm-l6-v2", "embed", 1, None),
     ]
+
+
+def test_a_gguf_file_source_serves_its_weights_as_they_are_and_a_bad_one_is_a_config_error(
+    tmp_path: Path,
+) -> None:
+    good = tmp_path / "model.Q4_1.gguf"
+    good.write_bytes(b"GGUF" + (3).to_bytes(4, "little") + bytes(16))
+    [entry] = parse_models(f'[{{"name": "q", "source": "{good}"}}]')
+    assert entry.quantization == "gguf" and entry.engine_config(EngineConfig()).quantization == "gguf"
+    chat = served_models(Settings(models="", model=str(good), embed_model=""))
+    assert [(e.source, e.quantization) for e in chat] == [(str(good), "gguf")]
+
+    not_gguf = tmp_path / "weights.gguf"
+    not_gguf.write_bytes(b"PK\x03\x04" + bytes(16))
+    refusals = {
+        f'[{{"name": "q", "source": "{tmp_path}/missing.gguf"}}]': "the file cannot be read: No such file",
+        f'[{{"name": "q", "source": "{not_gguf}"}}]': "not a GGUF file",
+        f'[{{"name": "q", "source": "{good}", "quantization": "none"}}]': "quantization 'gguf' (its default)",
+        f'[{{"name": "q", "source": "{good}", "kind": "embed"}}]': "serves kind 'generate', not 'embed'",
+    }
+    for value, says in refusals.items():
+        source = json.loads(value)[0]["source"]
+        where = re.escape(f"PAGEDQ_MODELS: 0: source '{source}': ")
+        with pytest.raises(ModelsError, match=rf"^{where}.*{re.escape(says)}"):
+            parse_models(value)
+    with pytest.raises(ModelsError, match=r"^PAGEDQ_MODEL: the model: source '.*missing.gguf': the file"):
+        served_models(Settings(models="", model=str(tmp_path / "missing.gguf"), embed_model=""))

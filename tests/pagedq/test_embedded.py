@@ -6,12 +6,12 @@ from collections import Counter
 from pathlib import Path
 
 import httpx
+import pytest
 from gguf import GGUFReader
 from safetensors.torch import load_file
 
 from core.settings import Settings
 from pagedq.up import READY
-from tests.support.gguf_files import gguf_model_dir
 from tests.support.services import Process, free_port, service_env, wait_for
 from worker.engine import LLM, SamplingParams
 
@@ -136,11 +136,13 @@ def ready_line(log: str, model: str) -> str:
 
 
 def test_a_model_added_to_the_list_is_served_after_a_restart_and_each_reports_its_weights(
-    tiny_llama: Path, tiny_qwen2: Path, tmp_path: Path
+    tiny_llama: Path, tiny_qwen2: Path, tiny_llama_gguf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Adding a model is editing the list and restarting (here a GGUF one: a tiny Llama's weights in
-    Q8_0 and Q4_1 blocks). Each model's ready line and ``/v1/models`` entry say its weights as loaded."""
-    gguf = gguf_model_dir(tiny_llama, tmp_path / "llama-gguf", ["Q8_0", "Q4_1"])
+    """Adding a model is editing the list and restarting (here a .gguf file: a tiny Llama's weights in
+    Q8_0 and Q4_1 blocks, its config and tokenizer in its metadata, prepared once for the API and the
+    worker). Each model's ready line and ``/v1/models`` entry say its weights as loaded."""
+    monkeypatch.setenv("PAGEDQ_CACHE_DIR", str(tmp_path / "cache"))  # where the file's config is prepared
+    gguf = tiny_llama_gguf
     two = [{"name": "llama", "source": str(tiny_llama)}, {"name": "qwen", "source": str(tiny_qwen2)}]
     settings = embedded_settings(tiny_llama, tmp_path).model_copy(update={"models": json.dumps(two)})
     body = {"prompt": "hello", "max_tokens": 4, "ignore_eos": True}
@@ -155,7 +157,7 @@ def test_a_model_added_to_the_list_is_served_after_a_restart_and_each_reports_it
         process.stop()
     assert unknown.status_code == 404, unknown.text
 
-    three = [*two, {"name": "llama-q", "source": str(gguf), "quantization": "gguf"}]
+    three = [*two, {"name": "llama-q", "source": str(gguf / "model.gguf")}]  # quantization: gguf, its default
     settings = settings.model_copy(update={"models": json.dumps(three)})
     process, client = start_up(settings, tmp_path / "up2.log")
     try:

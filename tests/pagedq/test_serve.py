@@ -62,3 +62,31 @@ def test_a_worker_for_a_model_not_served_here_refuses_to_start_naming_the_served
     worker = Process(["worker", "--model", "chat-c"], service_env(settings), tmp_path / "worker.log")
     assert worker.popen.wait(60) == 1
     assert "no model named 'chat-c' is served here; served: chat-a, chat-b" in worker.log()
+
+
+def test_a_gguf_file_that_cannot_be_served_stops_up_and_its_worker_at_start_naming_it(
+    tiny_llama_gguf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A truncated file passes the models list's check (it is a GGUF file) and fails where it is loaded:
+    `pagedq up` before it starts anything, a worker before it consumes. A missing one is a config error."""
+    monkeypatch.setenv("PAGEDQ_CACHE_DIR", str(tmp_path / "cache"))
+    truncated = tmp_path / "broken.gguf"
+    data = (tiny_llama_gguf / "model.gguf").read_bytes()
+    truncated.write_bytes(data[: len(data) - 4096])
+    broker = "filesystem://" + str(tmp_path / "b")
+    broken = Settings(
+        models=f'[{{"name": "broken", "source": "{truncated}"}}]', data_dir=tmp_path, broker_url=broker
+    )
+
+    up = Process(["up"], service_env(broken), tmp_path / "up.log")
+    assert up.popen.wait(120) == 1
+    assert f"pagedq: model 'broken' cannot be served: {truncated}: tensor " in up.log()
+    worker = Process(["worker", "--model", "broken"], service_env(broken), tmp_path / "worker.log")
+    assert worker.popen.wait(120) != 0
+    assert f"{truncated}: tensor " in worker.log() and "truncated" in worker.log()
+
+    missing = broken.model_copy(update={"models": f'[{{"name": "gone", "source": "{tmp_path}/gone.gguf"}}]'})
+    worker = Process(["worker"], service_env(missing), tmp_path / "missing.log")
+    assert worker.popen.wait(60) == 1
+    assert f"source '{tmp_path}/gone.gguf': the file cannot be read: No such file" in worker.log()
+    assert not (tmp_path / "cache").exists()  # nothing was prepared

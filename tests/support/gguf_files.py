@@ -48,11 +48,18 @@ def decode(stored: np.ndarray, type_name: str) -> np.ndarray:
 
 
 def write_gguf(
-    path: Path, tensors: dict[str, tuple[str, np.ndarray]], arch: str = "llama", **metadata: int | float
+    path: Path,
+    tensors: dict[str, tuple[str, np.ndarray]],
+    arch: str = "llama",
+    model: Path | None = None,
+    **metadata: int | float,
 ) -> Path:
     """Write ``{name: (type, stored)}`` (``encode``'s output, or any GGML type's bytes) with
-    ``general.architecture = arch`` and ``metadata`` as ``{arch}.{key}`` fields."""
+    ``general.architecture = arch`` and ``metadata`` as ``{arch}.{key}`` fields; with ``model`` (a Hugging
+    Face directory), its hyperparameters and tokenizer too, as llama.cpp's converter writes them."""
     writer = GGUFWriter(path, arch)
+    if model is not None:
+        add_model_metadata(writer, model)
     for key, value in metadata.items():
         add = writer.add_float32 if isinstance(value, float) else writer.add_uint32
         add(f"{arch}.{key}", value)
@@ -64,6 +71,36 @@ def write_gguf(
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def add_model_metadata(writer: GGUFWriter, model: Path) -> None:
+    """``model``'s config (sizes, rope, norm, context) and byte-level BPE tokenizer (vocabulary, merges,
+    special tokens, chat template) as GGUF metadata: what a ``.gguf`` file served alone carries."""
+    config = json.loads((model / "config.json").read_text())
+    rope = config.get("rope_parameters") or {}
+    writer.add_context_length(config["max_position_embeddings"])
+    writer.add_embedding_length(config["hidden_size"])
+    writer.add_block_count(config["num_hidden_layers"])
+    writer.add_feed_forward_length(config["intermediate_size"])
+    writer.add_head_count(config["num_attention_heads"])
+    writer.add_head_count_kv(config["num_key_value_heads"])
+    writer.add_rope_dimension_count(config["head_dim"])
+    writer.add_rope_freq_base(float(rope.get("rope_theta", config.get("rope_theta", 10000.0))))
+    writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
+    writer.add_vocab_size(config["vocab_size"])
+    tokenizer = json.loads((model / "tokenizer.json").read_text())
+    vocab = sorted(tokenizer["model"]["vocab"].items(), key=lambda item: item[1])
+    special = {token["id"] for token in tokenizer["added_tokens"] if token["special"]}
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list([token for token, _ in vocab])
+    writer.add_token_types([3 if i in special else 1 for _, i in vocab])  # 3: control, 1: normal
+    writer.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in tokenizer["model"]["merges"]])
+    writer.add_bos_token_id(config["bos_token_id"])
+    writer.add_eos_token_id(config["eos_token_id"])
+    writer.add_pad_token_id(config["pad_token_id"])
+    writer.add_add_bos_token(False)
+    writer.add_chat_template((model / "chat_template.jinja").read_text())
 
 
 GGUF_NAMES = {  # Hugging Face's names -> llama.cpp's, per layer where {i} is in them
@@ -100,10 +137,14 @@ def hf_order(w: np.ndarray, heads: int) -> np.ndarray:
     return w.reshape(heads, w.shape[0] // heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def gguf_model_dir(src: Path, dest: Path, types: list[str], arch: str = "llama", seed: int = 0) -> Path:
+def gguf_model_dir(
+    src: Path, dest: Path, types: list[str], arch: str = "llama", seed: int = 0, metadata: bool = False
+) -> Path:
     """``src`` (a Hugging Face directory) as a directory with its config and tokenizer, a ``model.gguf``
     whose matrices take ``types`` in turn, and a ``model.safetensors`` of the GGUF's weights de-quantized
-    to float32 in Hugging Face's order: the float32 engine on exactly the GGUF's weights."""
+    to float32 in Hugging Face's order: the float32 engine on exactly the GGUF's weights. ``metadata``:
+    the ``model.gguf`` carries the model's config and tokenizer too (``add_model_metadata``), so it can be
+    served as a file of its own."""
     shutil.copytree(src, dest, ignore=shutil.ignore_patterns("*.safetensors"))
     config = json.loads((src / "config.json").read_text())
     heads = {"q_proj": config["num_attention_heads"], "k_proj": config["num_key_value_heads"]}
@@ -119,6 +160,6 @@ def gguf_model_dir(src: Path, dest: Path, types: list[str], arch: str = "llama",
         stored[gguf_name(name)] = (type_name, encode(w, type_name, rng))
         back = decode(stored[gguf_name(name)][1], type_name).reshape(w.shape)
         floats[name] = torch.from_numpy(hf_order(back, head) if permuted else back).contiguous()
-    write_gguf(dest / "model.gguf", stored, arch)
+    write_gguf(dest / "model.gguf", stored, arch, model=src if metadata else None)
     save_file(floats, str(dest / "model.safetensors"), metadata={"format": "pt"})
     return dest

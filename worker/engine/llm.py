@@ -8,11 +8,16 @@ from typing import Any
 
 from tqdm import tqdm
 
-from contract.engine import DEFAULT_EMBED_MODEL, EMBED_MAX_NUM_BATCHED_TOKENS, EngineConfig
+from contract.engine import (
+    DEFAULT_EMBED_MODEL,
+    EMBED_MAX_NUM_BATCHED_TOKENS,
+    EngineConfig,
+    default_quantization,
+)
 from contract.pooling import EmbeddingParams
 from contract.sampling import SamplingParams
 from contract.sampling_defaults import generation_defaults, with_model_defaults
-from worker.engine.default_model import DEFAULT_MODEL, resolve_model
+from worker.engine.default_model import DEFAULT_MODEL
 from worker.engine.embedding_engine import EmbeddingEngine
 from worker.engine.llm_engine import LLMEngine
 from worker.engine.outputs import EmbeddingOutput, RequestOutput
@@ -26,8 +31,10 @@ class LLM:
     """Generate for a whole list of prompts at once, continuously batched.
 
     Takes every ``EngineConfig`` field as a keyword, e.g.
-    ``LLM("/models/Llama-3.1-8B-Instruct", dtype="bfloat16")``. ``kind="embed"`` serves the model for
-    embeddings instead (default: the built-in all-MiniLM-L6-v2): ``LLM(kind="embed").embed(texts)``.
+    ``LLM("/models/Llama-3.1-8B-Instruct", dtype="bfloat16")``. A ``.gguf`` file serves its weights in their
+    GGUF types (``quantization="gguf"``, its default): ``LLM("/models/model.Q4_K_M.gguf")``.
+    ``kind="embed"`` serves the model for embeddings instead (default: the built-in all-MiniLM-L6-v2):
+    ``LLM(kind="embed").embed(texts)``.
     """
 
     def __init__(self, model: str | None = None, kind: str = "generate", **engine_args: object) -> None:
@@ -41,8 +48,9 @@ class LLM:
             self.sampling_defaults: dict[str, Any] = {}
         else:
             model = model or DEFAULT_MODEL
+            engine_args.setdefault("quantization", default_quantization(model))
             self.engine = LLMEngine(EngineConfig(model=model, **engine_args))  # type: ignore[arg-type]
-            self.sampling_defaults = generation_defaults(resolve_model(model))
+            self.sampling_defaults = generation_defaults(self.engine.model_path)
         self.tokenizer = self.engine.tokenizer
         self._ids = itertools.count()
 

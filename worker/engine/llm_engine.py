@@ -166,10 +166,7 @@ class LLMEngine:
             )
         if problem := context_problem(len(token_ids), params.max_tokens, self.max_model_len):
             raise ValueError(f"request {request_id!r}: {problem}")
-        config = self.config
-        if step := step_problem(
-            params.num_sequences, params.use_beam_search, config.max_num_seqs, config.max_num_batched_tokens
-        ):
+        if step := step_problem(params.num_sequences, params.use_beam_search, self.config):
             raise ValueError(f"request {request_id!r}: {step}")
         total = len(token_ids) + params.max_tokens
         pool_tokens = self.runner.num_blocks * self.config.block_size
