@@ -44,7 +44,12 @@ def describe_code() -> str:
 def tree_digest() -> str:
     """Over the code's Python, C++ and TOML files (pyproject.toml included), in path order."""
     digest = hashlib.sha256()
-    code = (f for d in CODE for f in (REPO / d).rglob("*") if f.suffix in (".py", ".cpp", ".toml"))
+    code = (
+        f
+        for d in CODE
+        for f in (REPO / d).rglob("*")
+        if f.suffix in (".py", ".cpp", ".toml") and f.is_file() and ".llama.cpp" not in f.parts
+    )
     for f in [REPO / "pyproject.toml", *sorted(code)]:
         digest.update(str(f.relative_to(REPO)).encode() + b"\0" + f.read_bytes())
     return digest.hexdigest()[:12]

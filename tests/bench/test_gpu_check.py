@@ -139,9 +139,8 @@ def test_the_gpu_wheels_are_the_dependencies_the_image_lacks() -> None:
 def test_step_2_runs_the_modules_that_hold_gpu_tests_wherever_they_live() -> None:
     from bench.gpu_check.steps.tests import gpu_test_files
 
-    files = gpu_test_files()
-    assert "tests/kernels/test_kernels_triton.py" in files
-    assert all("pytest.mark.gpu" in (REPO / f).read_text() for f in files)
+    # the kernel tests alone mark tests `gpu`; this module names the mark but marks nothing
+    assert gpu_test_files() == ["tests/kernels/test_kernels_triton.py"]
 
 
 def test_step_7_serves_the_chat_model_alone_whatever_the_environment_says(

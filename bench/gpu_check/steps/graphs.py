@@ -56,7 +56,7 @@ def run(ctx: Context) -> Outcome:
         started = time.perf_counter() - start
         graphs = llm.engine.runner.graphs
         tokens = [out.outputs[0].token_ids for out in llm.generate(prompts, params)]
-        steps = gpu_throughput.decode_steps(llm, sizes, bandwidth, greedy)
+        steps, _ = gpu_throughput.decode_steps(llm, sizes, bandwidth, greedy)
         sides[eager] = Side(tokens, steps, started, len(graphs.sizes) if graphs else 0)
         del llm, graphs
         gc.collect()

@@ -18,6 +18,7 @@ REPO = Path(__file__).resolve().parents[3]
 KERNELS = "tests/kernels/test_kernels_triton.py"
 # Under the interpreter: GQA attention over a mixed batch, write-KV, RMSNorm, SiLU*mul, the whole model.
 INTERPRETED = "dtype0-64-4-16 or write_kv or rms_norm or silu or engine_through"
+GPU_MARK = re.compile(r"^\s*(@pytest\.mark\.gpu\b|pytestmark\b.*\bpytest\.mark\.gpu\b)", re.MULTILINE)
 
 
 @dataclass
@@ -41,7 +42,7 @@ class Session:
 def gpu_test_files() -> list[str]:
     """The test modules that hold ``gpu``-marked tests (other modules may not import without a database)."""
     files = sorted((REPO / "tests").rglob("test_*.py"))
-    return [str(f.relative_to(REPO)) for f in files if re.search(r"pytest\.mark\.gpu\b", f.read_text())]
+    return [str(f.relative_to(REPO)) for f in files if GPU_MARK.search(f.read_text())]
 
 
 def pytest(what: str, args: list[str], ctx: Context, interpret: bool) -> Session:
