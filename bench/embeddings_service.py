@@ -10,23 +10,14 @@ worker is idle, the service side while this process is.
 
 import argparse
 import json
-import os
-import subprocess
-import sys
-import tempfile
 import time
-from pathlib import Path
 
 import httpx
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-import service_overhead
-from embeddings import make_texts
-from service_overhead import fresh_settings, start, wait_ready
-
+from bench.embeddings import make_texts
+from bench.stack import BENCH_REDIS_URL, Shared, service_stack
 from contract.engine import DEFAULT_EMBED_MODEL, DEFAULT_MODEL
-from core.settings import Settings
 from worker.engine import LLM
 
 TARGET = 0.8
@@ -77,31 +68,18 @@ def main() -> None:
     offline_rate(llm, texts[:32])  # warm up
     offline = offline_rate(llm, texts)
     del llm
-    service_overhead.DATABASE = "pagedq_bench_embed"  # a database of its own, dropped and made afresh
-    settings = fresh_settings(DEFAULT_MODEL, api_workers=1, batch_processes=0)
-    settings = settings.model_copy(update={"max_num_seqs": 32})
-    logs = Path(tempfile.mkdtemp(prefix="pagedq-bench-embed-"))
-    api = start("api", settings, logs / "api.log")
-    worker = start_worker(settings, logs / "worker.log")
-    try:
-        wait_ready(f"http://127.0.0.1:{settings.port}")
-        wait_worker(f"http://127.0.0.1:{settings.port}")
-        service = batch_rate(f"http://127.0.0.1:{settings.port}", texts, args.per_line)
-    finally:
-        for process in (api, worker):
-            process.terminate()
-            process.wait(60)
+    shared = Shared("pagedq_bench_embed", BENCH_REDIS_URL)  # a database of its own, made afresh
+    fields = {"model": DEFAULT_MODEL, "api_workers": 1, "batch_processes": 0, "max_num_seqs": 32}
+    with service_stack(shared, keep=True, **fields) as stack:
+        _, url = stack.api()
+        stack.worker(model=DEFAULT_EMBED_MODEL)
+        wait_worker(url)
+        service = batch_rate(url, texts, args.per_line)
+        logs = stack.work
     print(f"threads {torch.get_num_threads()}, {args.num} texts, {args.per_line} a line; logs in {logs}")
     print(f"offline engine   {offline:8.1f} texts/s")
     print(f"service batch    {service:8.1f} texts/s")
     print(f"ratio            {service / offline:8.2f}x (target >= {TARGET})")
-
-
-def start_worker(settings: Settings, log: Path) -> subprocess.Popen[bytes]:
-    env = dict(os.environ, PAGEDQ_LOG_LEVEL="WARNING")
-    env |= {f"PAGEDQ_{k.upper()}": str(v) for k, v in settings.model_dump(exclude_unset=True).items()}
-    command = [sys.executable, "-m", "pagedq", "worker", "--model", DEFAULT_EMBED_MODEL]
-    return subprocess.Popen(command, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
 
 
 def wait_worker(url: str, timeout: float = 300) -> None:

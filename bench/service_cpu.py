@@ -38,11 +38,10 @@ import psycopg
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.stack import Shared, service_stack  # noqa: E402
+from bench.stack import BENCH_REDIS_URL, Shared, service_stack  # noqa: E402
 from contract.engine import DEFAULT_MODEL  # noqa: E402
 
 ADMIN_URL = os.environ.get("PAGEDQ_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres")
-REDIS_URL = os.environ.get("PAGEDQ_BENCH_REDIS", "redis://127.0.0.1:6379/13")
 DATABASE = "pagedq_bench_cpu"
 TARGET_BATCH_US_PER_TOKEN, TARGET_STREAM_ADDED_US = 500.0, 1000.0
 HEARTBEAT_TIMEOUT = 6.0  # a heartbeat a second: the loop's CPU is read from it
@@ -224,7 +223,7 @@ def main() -> None:
     args = parser.parse_args()
     print(f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.2f}")
     summary: dict[tuple[str, int], float] = {}
-    shared = Shared(DATABASE, REDIS_URL)
+    shared = Shared(DATABASE, BENCH_REDIS_URL)
     fields = {"api_workers": args.api_workers, "heartbeat_timeout": HEARTBEAT_TIMEOUT, "log_level": "WARNING"}
     with service_stack(shared, keep=True, model=args.model, **fields) as stack:
         api, url = stack.api()

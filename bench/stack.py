@@ -6,6 +6,7 @@ tests use them), which it may stop and kill; or, with ``Shared``, a fresh databa
 PostgreSQL and a flushed Redis database, where a bench measures what a deployment's servers do.
 """
 
+import os
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -36,6 +37,9 @@ from tests.support.services import (
     wait_for,
 )
 
+# The Redis database a bench on the machine's servers flushes and uses (the tests' is another).
+BENCH_REDIS_URL = os.environ.get("PAGEDQ_BENCH_REDIS", "redis://127.0.0.1:6379/13")
+
 
 @dataclass(frozen=True)
 class Shared:
@@ -55,11 +59,11 @@ class Stack:
     redis: PrivateRedis | None
     processes: list[Process] = field(default_factory=list)
 
-    def worker(self, name: str = "worker", **fields: Any) -> Process:
-        """A ``pagedq worker`` of the stack's settings and ``fields`` (logging to ``<name>.log``), once it
-        has registered."""
+    def worker(self, name: str = "worker", model: str | None = None, **fields: Any) -> Process:
+        """A ``pagedq worker`` of the served ``model`` (default: the chat model), the stack's settings and
+        ``fields`` (logging to ``<name>.log``), once it has registered."""
         settings = self.settings.model_copy(update=fields)
-        process = start_worker(settings, self.db, self.work / f"{name}.log", timeout=600)
+        process = start_worker(settings, self.db, self.work / f"{name}.log", timeout=600, model=model)
         self.processes.append(process)
         return process
 

@@ -89,7 +89,7 @@ def _kernels(module: nn.Module, backend: str) -> str | None:
     if isinstance(module, GGUFLinear):
         if module.dense is not None:
             return "float32-torch"
-        if backend != "cpu":
+        if backend != "cpu" or not cpu.available():
             return "gguf-torch-reference"  # de-quantize, then a float32 matmul
         path = "int8" if module.int8 else "float-fma"
         return f"gguf-{path}-{QUANT_LEVELS[cpu.quant_level()]}"
