@@ -1,4 +1,5 @@
 import os
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -116,15 +117,23 @@ def _keep_pytest_logging(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 LOG_TAIL_CHARS = 6000
+TEST_STARTED = pytest.StashKey[float]()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    item.stash[TEST_STARTED] = time.time()
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> pytest.TestReport:
-    """A failing test's report ends with each running service's last log lines: a service that stalls
-    in CI shows why there, where nobody can look at its files afterwards."""
+    """A failing test's report ends with the last log lines of each pagedq service still running or
+    started by the test: a service that stalls in CI shows why there, where nobody can look afterwards."""
     report = yield
     if report.failed:
-        for process in Process.RUNNING:
-            tail = process.log()[-LOG_TAIL_CHARS:]
-            report.sections.append((f"pagedq {' '.join(process.args)} log ({process.log_path})", tail))
+        started = item.stash.get(TEST_STARTED, time.time())
+        for process in Process.STARTED:
+            if process.popen.poll() is None or process.started_at >= started:
+                tail = process.log()[-LOG_TAIL_CHARS:]
+                report.sections.append((f"pagedq {' '.join(process.args)} log ({process.log_path})", tail))
     return report

@@ -21,6 +21,11 @@ class Drain:
         self.deadline = min(deadline, self.deadline or deadline)
         self.give_up_at = self.deadline + self.write_grace
 
+    def seconds_to_deadline(self) -> float | None:
+        """Until the drain deadline; None when not draining or already past it."""
+        left = None if self.deadline is None else self.deadline - time.monotonic()
+        return left if left is not None and left > 0 else None
+
     def past_deadline(self) -> bool:
         return self.deadline is not None and time.monotonic() >= self.deadline
 

@@ -82,7 +82,7 @@ class Flusher:
         name_this_thread("pagedq-flusher")
         failing_since = 0.0
         while not (self._stopping.is_set() and not self.flights):
-            self.flights.wake.wait(self.flush_interval)
+            self.flights.wake.wait(self._next_round_in())
             self.flights.wake.clear()
             try:
                 self._flush()
@@ -103,6 +103,11 @@ class Flusher:
                 self.health.succeeded(jobs=len(self.flights))
             self._enforce_drain_deadline()
             self._give_up_unwritten()
+
+    def _next_round_in(self) -> float:
+        """The flush interval, cut short by a drain deadline: a grace shorter than the interval is kept."""
+        left = self.drain.seconds_to_deadline()
+        return self.flush_interval if left is None else min(self.flush_interval, left)
 
     def _failed(self, error: Exception, failures: int) -> None:
         """One log line per failed round, naming what waits to be written."""

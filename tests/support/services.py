@@ -125,13 +125,15 @@ async def async_wait_for(
 
 
 class Process:
-    """A ``pagedq`` subcommand running as its own process group, logging to a file. The live ones are
-    kept in ``RUNNING``: a failing test's report carries the end of each one's log (tests/conftest.py)."""
+    """A ``pagedq`` subcommand running as its own process group, logging to a file. Each is kept in
+    ``STARTED``: a failing test's report carries the end of the log of each one still running or started
+    by that test (tests/conftest.py)."""
 
-    RUNNING: ClassVar[list["Process"]] = []
+    STARTED: ClassVar[list["Process"]] = []
 
     def __init__(self, args: list[str], env: dict[str, str], log: Path) -> None:
         self.args = args
+        self.started_at = time.time()
         self.log_path = log
         self._log = log.open("wb")
         self.popen = subprocess.Popen(
@@ -142,7 +144,7 @@ class Process:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-        Process.RUNNING.append(self)
+        Process.STARTED.append(self)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -159,14 +161,9 @@ class Process:
             self.signal(signal.SIGKILL)
             return self.popen.wait(10)
         finally:
-            self._closed()
+            self._log.close()
 
     def kill(self) -> None:
         self.signal(signal.SIGKILL)
         self.popen.wait(10)
-        self._closed()
-
-    def _closed(self) -> None:
         self._log.close()
-        if self in Process.RUNNING:
-            Process.RUNNING.remove(self)

@@ -198,3 +198,14 @@ def test_a_claimed_run_says_when_it_started_before_the_engine_has_produced_anyth
     after = row(store, job_id)
     assert after.started_at == job.started_at <= after.first_token_at
     assert after.token_times_ms[0] >= 0
+
+
+def test_a_drain_deadline_sooner_than_the_flush_interval_is_waited_for_not_slept_past() -> None:
+    from worker.drain import Drain
+
+    drain = Drain(write_grace=1.0)
+    assert drain.seconds_to_deadline() is None  # not draining: the flusher waits its interval
+    drain.begin(0.3)
+    assert 0 < drain.seconds_to_deadline() <= 0.3  # the flusher's next round comes at the deadline
+    drain.begin(0.0)
+    assert drain.seconds_to_deadline() is None  # past it: back to the interval, no busy loop

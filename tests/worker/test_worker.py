@@ -134,7 +134,8 @@ def test_a_job_that_kills_its_worker_fails_after_max_attempts_with_its_webhook_e
 
 
 def test_sigterm_requeues_jobs_that_outlast_the_grace_period(service_settings, db, workers, tmp_path):
-    first = spawn(service_settings, db, workers, tmp_path, shutdown_grace=0.5)
+    # 900 tokens outlast a 0.1 s grace on any machine (the tiny model takes ~1 s for them on a fast one)
+    first = spawn(service_settings, db, workers, tmp_path, shutdown_grace=0.1)
     with api_client(service_settings) as client:
         job_id = submit_greedy(client, PROMPTS[0], 900)
     wait_for(lambda: db.jobs([job_id])[0].completion_tokens > 0, 60, "the job to start")
