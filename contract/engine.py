@@ -15,6 +15,14 @@ GPU_STEP_TOKENS = 2048  # a generation step's token budget on a GPU, when none i
 CPU_STEP_TOKENS = 512  # and on the CPU
 
 
+GGUF_MAGIC, GGUF_VERSIONS = b"GGUF", (2, 3)  # a GGUF file's first 4 bytes, and the versions pagedq reads
+
+
+def is_gguf_header(head: bytes) -> bool:
+    """Whether ``head`` (a file's first 8 bytes) starts a GGUF file of a version pagedq reads."""
+    return len(head) >= 8 and head[:4] == GGUF_MAGIC and int.from_bytes(head[4:8], "little") in GGUF_VERSIONS
+
+
 def is_gguf_source(model: str) -> bool:
     """Whether ``model`` names a ``.gguf`` file (served as it is: worker/engine/gguf_source.py)."""
     return model.strip().lower().endswith(".gguf")

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
-from contract.engine import EngineConfig, default_quantization, is_gguf_source
+from contract.engine import EngineConfig, default_quantization, is_gguf_header, is_gguf_source
 
 if TYPE_CHECKING:
     from core.settings import Settings
@@ -62,7 +62,6 @@ class ModelEntry(BaseModel):
 
 
 _ENTRIES = TypeAdapter(list[ModelEntry])
-GGUF_VERSIONS = (2, 3)
 
 
 def gguf_problem(entry: ModelEntry) -> str | None:
@@ -81,7 +80,7 @@ def gguf_problem(entry: ModelEntry) -> str | None:
             head = file.read(8)
     except OSError as error:
         return f"the file cannot be read: {error.strerror or error}"
-    if len(head) < 8 or head[:4] != b"GGUF" or int.from_bytes(head[4:], "little") not in GGUF_VERSIONS:
+    if not is_gguf_header(head):
         return "not a GGUF file (no GGUF magic and version 2 or 3 at its start)"
     return None
 

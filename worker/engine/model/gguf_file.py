@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from contract.engine import GGUF_VERSIONS, is_gguf_header
 from kernels.quant_reference import BY_GGML_TYPE, FLOAT_DTYPES, TYPES, QuantType, dequantize
 
 SUPPORTED_TYPES = ", ".join(TYPES)
@@ -64,9 +65,9 @@ class _Header:
     offset."""
 
     def __init__(self, data: np.ndarray) -> None:
-        self.buf, self.at = memoryview(data), 4
-        if bytes(self.buf[:4]) != b"GGUF" or self.read("<I") not in (2, 3):
-            raise ValueError("no GGUF magic, or a version other than 2 or 3")
+        self.buf, self.at = memoryview(data), 8
+        if not is_gguf_header(bytes(self.buf[:8])):
+            raise ValueError(f"no GGUF magic, or a version other than {' or '.join(map(str, GGUF_VERSIONS))}")
         n_tensors, n_kv = self.read("<Q"), self.read("<Q")
         self.metadata = {self.string(): self.value(self.read("<I")) for _ in range(n_kv)}
         self.infos = [self.info() for _ in range(n_tensors)]
