@@ -169,8 +169,11 @@ def quant_linear(
     return torch.ops.pagedq_cpu.quant_linear(x, weights, ggml_types, level, not int8)
 
 
+QUANT_LEVELS = ("scalar", "avx2", "avx512-vnni")  # quant_linear's levels 0, 1 and 2, by name
+
+
 def quant_level() -> int:
-    """The best ``quant_linear`` level this CPU runs (0 scalar, 1 AVX2, 2 AVX-512 VNNI)."""
+    """The best ``quant_linear`` level this CPU runs (an index of ``QUANT_LEVELS``)."""
     return torch.ops.pagedq_cpu.quant_level()
 
 

@@ -20,7 +20,6 @@ from worker.engine.model.gguf_file import GGUFTensor
 from worker.engine.model.gguf_layers import GGUFEmbedding, GGUFLinear
 
 TYPE_NAMES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16"}
-QUANT_LEVELS = ("scalar", "avx2", "avx512-vnni")  # kernels.cpu.quant_level's 0, 1, 2
 
 
 @dataclass(frozen=True)
@@ -92,7 +91,7 @@ def _kernels(module: nn.Module, backend: str) -> str | None:
         if backend != "cpu" or not cpu.available():
             return "gguf-torch-reference"  # de-quantize, then a float32 matmul
         path = "int8" if module.int8 else "float-fma"
-        return f"gguf-{path}-{QUANT_LEVELS[cpu.quant_level()]}"
+        return f"gguf-{path}-{cpu.QUANT_LEVELS[cpu.quant_level()]}"
     if isinstance(module, InvariantLinear):
         return "float32-invariant"
     if isinstance(module, OneDNNLinear):
