@@ -216,9 +216,10 @@ def decode_steps(
 def profile_steps(engine: Any) -> list[dict[str, Any]]:
     """The ops that took most time over PROFILED decode steps (device time first, then CPU): where a
     step that misses its bound goes, recorded for the next run to act on."""
+    import torch
     from torch.profiler import ProfilerActivity, profile
 
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch_cuda() else [])
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
     with profile(activities=activities) as prof:
         for _ in range(PROFILED):
             engine.step()
@@ -232,12 +233,6 @@ def profile_steps(engine: Any) -> list[dict[str, Any]]:
         for e in prof.key_averages()
     ]
     return sorted(rows, key=lambda r: (r["device_ms"], r["cpu_ms"]), reverse=True)[:PROFILE_ROWS]
-
-
-def torch_cuda() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
 
 
 # --- transformers ---
