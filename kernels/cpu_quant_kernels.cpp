@@ -7,7 +7,9 @@
 // block's integer sums are scaled and accumulated in float32. A row's result depends on that row alone,
 // never on the others in the batch, and every level (scalar, AVX2, VNNI) returns the same bits: the
 // integer sums are exact, and the float work is the same operations in the same order (8 lanes, each
-// the sum of 4 neighbouring products, reduced as hsum8 does).
+// the sum of 4 neighbouring products, reduced as hsum8 does). From BLOCKED_ROWS rows on, both paths run
+// blocked (weight rows prepared once per block of rows, then register tiles of rows x weight rows), with
+// each output's accumulation unchanged.
 //
 // Block layouts as ggml's (ggml-common.h); kernels/quant_reference.py de-quantizes the same bytes.
 #include <ATen/ATen.h>
