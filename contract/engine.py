@@ -46,7 +46,8 @@ class EngineConfig:
     # How quantization="gguf" multiplies: float (weights de-quantized in registers, float32 activations:
     # float32's tokens on the same weights) or int8 (activations quantized per 32 values, llama.cpp's
     # integer dot products; logprobs move by up to ~0.35 nats). Both keep a row's result independent of its
-    # batch. bench/gguf_speed.py compares them.
+    # batch. bench/gguf_speed.py compares them: int8 is the faster on AVX2 and AVX-512 VNNI alike
+    # (docs/architecture.md has the numbers), float the default for its fidelity.
     gguf_kernel: str = "float"  # float | int8
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     block_size: int = 16

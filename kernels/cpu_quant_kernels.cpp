@@ -7,7 +7,9 @@
 // block's integer sums are scaled and accumulated in float32. A row's result depends on that row alone,
 // never on the others in the batch, and every level (scalar, AVX2, VNNI) returns the same bits: the
 // integer sums are exact, and the float work is the same operations in the same order (8 lanes, each
-// the sum of 4 neighbouring products, reduced as hsum8 does).
+// the sum of 4 neighbouring products, reduced as hsum8 does). From BLOCKED_ROWS rows on, both paths run
+// blocked (weight rows prepared once per block of rows, then register tiles of rows x weight rows), with
+// each output's accumulation unchanged.
 //
 // Block layouts as ggml's (ggml-common.h); kernels/quant_reference.py de-quantizes the same bytes.
 #include <ATen/ATen.h>
@@ -287,41 +289,6 @@ void dot_rows(int level, const uint8_t* wrow, int64_t blocks, const BlockQ8* con
 
 constexpr int TILE = 4;  // activation rows per pass over a weight row
 
-// out[m, col0 + n] = x[m] . w[n] for one weight of type W, rows [begin, end).
-template <class W>
-void matmul_rows(int level, const uint8_t* w, int64_t row_bytes, const BlockQ8* xq, int64_t m_rows,
-                 int64_t x_blocks, float* out, int64_t ldo, int64_t col0, int64_t begin, int64_t end) {
-  const int64_t blocks = row_bytes / W::BYTES;
-  const BlockQ8* x[TILE];
-  float dots[TILE];
-  for (int64_t n = begin; n < end; ++n) {
-    const uint8_t* wrow = w + n * row_bytes;
-    for (int64_t m = 0; m < m_rows; m += TILE) {
-      const int64_t r = std::min<int64_t>(TILE, m_rows - m);
-      for (int64_t i = 0; i < r; ++i) x[i] = xq + (m + i) * x_blocks;
-      switch (r) {
-        case 4: dot_rows<W, 4>(level, wrow, blocks, x, dots); break;
-        case 3: dot_rows<W, 3>(level, wrow, blocks, x, dots); break;
-        case 2: dot_rows<W, 2>(level, wrow, blocks, x, dots); break;
-        default: dot_rows<W, 1>(level, wrow, blocks, x, dots);
-      }
-      for (int64_t i = 0; i < r; ++i) out[(m + i) * ldo + col0 + n] = dots[i];
-    }
-  }
-}
-
-using MatmulRows = void (*)(int, const uint8_t*, int64_t, const BlockQ8*, int64_t, int64_t, float*, int64_t,
-                            int64_t, int64_t, int64_t);
-
-using FMatmulRows = void (*)(int, const uint8_t*, int64_t, const float*, int64_t, int64_t, float*, int64_t,
-                             int64_t, int64_t, int64_t);
-
-struct Kind {
-  MatmulRows run;      // int8 activations
-  FMatmulRows frun;    // float32 activations
-  int64_t block, bytes;
-};
-
 // --- The float path: weights de-quantized in registers, times float32 activations (no activation rounding).
 // A sub-block's 32 values are de-quantized as kernels/quant_reference.py does (scale * q, then + min: the
 // same bits), in four chunks of 8; each activation row keeps two 8-lane accumulators (chunks 0 and 2 in one,
@@ -355,6 +322,18 @@ void fdot_scalar(const uint8_t* wrow, int64_t blocks, const float* const* x, flo
 }
 
 #ifdef __AVX2__
+// Sub-block sub of a weight block, de-quantized to 4 x 8 floats (scale * q, then + min).
+template <class W>
+inline void dequant_sub(const uint8_t* blk, int sub, const Scales<W::SUBS>& s, __m256* w) {
+  const __m256i q = W::unpack8(blk, sub);
+  const __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
+  const __m128i bytes[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+  for (int c = 0; c < 4; ++c) {
+    w[c] = _mm256_mul_ps(_mm256_set1_ps(s.sc[sub][c / 2]), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes[c])));
+    if constexpr (W::HAS_MIN) w[c] = _mm256_add_ps(w[c], _mm256_set1_ps(s.mterm[sub]));
+  }
+}
+
 template <class W, int R>
 void fdot_avx2(const uint8_t* wrow, int64_t blocks, const float* const* x, float* out) {
   __m256 acc[R][2];
@@ -364,14 +343,8 @@ void fdot_avx2(const uint8_t* wrow, int64_t blocks, const float* const* x, float
     const uint8_t* blk = wrow + b * W::BYTES;
     W::scales(blk, s);
     for (int sub = 0; sub < W::SUBS; ++sub) {
-      const __m256i q = W::unpack8(blk, sub);
-      const __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
-      const __m128i bytes[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
       __m256 w[4];
-      for (int c = 0; c < 4; ++c) {
-        w[c] = _mm256_mul_ps(_mm256_set1_ps(s.sc[sub][c / 2]), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes[c])));
-        if constexpr (W::HAS_MIN) w[c] = _mm256_add_ps(w[c], _mm256_set1_ps(s.mterm[sub]));
-      }
+      dequant_sub<W>(blk, sub, s, w);
       const int64_t at = (b * W::SUBS + sub) * QK;
       for (int r = 0; r < R; ++r)
         for (int c = 0; c < 4; ++c) acc[r][c % 2] = _mm256_fmadd_ps(w[c], _mm256_loadu_ps(x[r] + at + 8 * c), acc[r][c % 2]);
@@ -389,9 +362,165 @@ void fdot_rows(int level, const uint8_t* wrow, int64_t blocks, const float* cons
   fdot_scalar<W, R>(wrow, blocks, x, out);
 }
 
+#ifdef __AVX2__
+// --- The blocked form of both paths, for many rows: each weight row is prepared once per block of rows
+// (de-quantized to floats, or unpacked to int8 sub-blocks with their scales), and a register tile of FR
+// activation rows x FN weight rows multiplies the prepared rows. Each output keeps the fused kernels'
+// accumulators and order (fdot_avx2's, dot_avx2's), so a row's bits depend neither on the path, nor on
+// its tile, nor on its batch.
+constexpr int FR = 3, FN = 2;
+
+template <class W>
+void dequant_row(const uint8_t* wrow, int64_t blocks, float* out) {
+  Scales<W::SUBS> s;
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* blk = wrow + b * W::BYTES;
+    W::scales(blk, s);
+    for (int sub = 0; sub < W::SUBS; ++sub) {
+      __m256 w[4];
+      dequant_sub<W>(blk, sub, s, w);
+      for (int c = 0; c < 4; ++c) _mm256_storeu_ps(out + (b * W::SUBS + sub) * QK + 8 * c, w[c]);
+    }
+  }
+}
+
+// out[r][n] = x[r] . w[n] over k floats, as fdot_avx2 sums them.
+void ftile_avx2(const float* const* w, const float* const* x, int64_t k, float (*out)[FN]) {
+  __m256 acc[FR][FN][2];
+  for (auto& row : acc)
+    for (auto& pair : row) pair[0] = pair[1] = _mm256_setzero_ps();
+  for (int64_t at = 0; at < k; at += QK)
+    for (int c = 0; c < 4; ++c) {
+      __m256 wv[FN];
+      for (int n = 0; n < FN; ++n) wv[n] = _mm256_loadu_ps(w[n] + at + 8 * c);
+      for (int r = 0; r < FR; ++r) {
+        const __m256 xv = _mm256_loadu_ps(x[r] + at + 8 * c);
+        for (int n = 0; n < FN; ++n) acc[r][n][c % 2] = _mm256_fmadd_ps(wv[n], xv, acc[r][n][c % 2]);
+      }
+    }
+  for (int r = 0; r < FR; ++r)
+    for (int n = 0; n < FN; ++n) out[r][n] = hsum8(_mm256_add_ps(acc[r][n][0], acc[r][n][1]));
+}
+
+struct SubBlock {  // a weight sub-block unpacked: values sc[0] * q (first 16), sc[1] * q (last 16), + mterm
+  int8_t q[QK];
+  float sc[2];
+  float mterm;
+};
+
+template <class W>
+void unpack_row(const uint8_t* wrow, int64_t blocks, SubBlock* out) {
+  Scales<W::SUBS> s;
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* blk = wrow + b * W::BYTES;
+    W::scales(blk, s);
+    for (int sub = 0; sub < W::SUBS; ++sub) {
+      SubBlock& o = out[b * W::SUBS + sub];
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(o.q), W::unpack8(blk, sub));
+      o.sc[0] = s.sc[sub][0];
+      o.sc[1] = s.sc[sub][1];
+      o.mterm = W::HAS_MIN ? s.mterm[sub] : 0.f;
+    }
+  }
+}
+
+// out[r][n] = x[r] . w[n] over subs sub-blocks, as dot_avx2 sums them.
+template <class W, bool VNNI>
+void itile_avx2(const SubBlock* const* w, const BlockQ8* const* x, int64_t subs, float (*out)[FN]) {
+  __m256 acc[FR][FN];
+  float macc[FR][FN] = {};
+  for (auto& row : acc)
+    for (auto& a : row) a = _mm256_setzero_ps();
+  for (int64_t j = 0; j < subs; ++j) {
+    __m256i wv[FN], magnitude[FN];
+    __m256 sc[FN];
+    for (int n = 0; n < FN; ++n) {
+      wv[n] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[n][j].q));
+      magnitude[n] = W::SIGNED ? _mm256_sign_epi8(wv[n], wv[n]) : wv[n];
+      sc[n] = _mm256_set_m128(_mm_set1_ps(w[n][j].sc[1]), _mm_set1_ps(w[n][j].sc[0]));
+    }
+    for (int r = 0; r < FR; ++r) {
+      const BlockQ8& xq = x[r][j];
+      const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq.q));
+      for (int n = 0; n < FN; ++n) {
+        const __m256i xs = W::SIGNED ? _mm256_sign_epi8(xv, wv[n]) : xv;
+        const __m256 sums = _mm256_cvtepi32_ps(dot4<VNNI>(magnitude[n], xs));
+        acc[r][n] = _mm256_fmadd_ps(_mm256_mul_ps(sc[n], _mm256_set1_ps(xq.d)), sums, acc[r][n]);
+        if constexpr (W::HAS_MIN) macc[r][n] += w[n][j].mterm * xq.s;
+      }
+    }
+  }
+  for (int r = 0; r < FR; ++r)
+    for (int n = 0; n < FN; ++n) out[r][n] = hsum8(acc[r][n]) + macc[r][n];
+}
+
+// Activation rows [m0, m1) (row m at x + m * x_len) times the prepared weight rows panel[0 .. nn) (each
+// p_len apart): out[m, col + n]. A short tile repeats its last row or column and drops those results.
+template <class P, class X, class Tile>
+void panel_rows(const P* panel, int64_t p_len, int64_t nn, const X* x, int64_t x_len, int64_t m0, int64_t m1,
+                Tile tile, float* out, int64_t ldo, int64_t col) {
+  const P* w[FN];
+  for (int n = 0; n < FN; ++n) w[n] = panel + std::min<int64_t>(n, nn - 1) * p_len;
+  const X* rows[FR];
+  float dots[FR][FN];
+  for (int64_t m = m0; m < m1; m += FR) {
+    for (int r = 0; r < FR; ++r) rows[r] = x + std::min<int64_t>(m + r, m1 - 1) * x_len;
+    tile(w, rows, dots);
+    for (int64_t r = 0; r < std::min<int64_t>(FR, m1 - m); ++r)
+      for (int64_t n = 0; n < nn; ++n) out[(m + r) * ldo + col + n] = dots[r][n];
+  }
+}
+
+// Weight rows [begin, end) against all m_rows activation rows, row_block at a time: rows whose activations
+// (about 128 KiB) stay in L2 while each panel of FN prepared weight rows passes over them.
+template <class P, class X, class Prepare, class Tile>
+void blocked(const uint8_t* w, int64_t row_bytes, int64_t p_len, const X* x, int64_t x_len, int64_t x_bytes,
+             int64_t m_rows, Prepare prepare, Tile tile, float* out, int64_t ldo, int64_t col0, int64_t begin,
+             int64_t end) {
+  const int64_t row_block = std::max<int64_t>(FR, (128 * 1024 / x_bytes) / FR * FR);
+  std::vector<P> panel(FN * p_len);
+  for (int64_t m0 = 0; m0 < m_rows; m0 += row_block) {
+    const int64_t m1 = std::min(m_rows, m0 + row_block);
+    for (int64_t n = begin; n < end; n += FN) {
+      const int64_t nn = std::min<int64_t>(FN, end - n);
+      for (int64_t i = 0; i < nn; ++i) prepare(w + (n + i) * row_bytes, panel.data() + i * p_len);
+      panel_rows(panel.data(), p_len, nn, x, x_len, m0, m1, tile, out, ldo, col0 + n);
+    }
+  }
+}
+
+template <class W>
+void fmatmul_blocked(const uint8_t* w, int64_t row_bytes, const float* xf, int64_t m_rows, int64_t k, float* out,
+                     int64_t ldo, int64_t col0, int64_t begin, int64_t end) {
+  const int64_t blocks = row_bytes / W::BYTES;
+  auto prepare = [blocks](const uint8_t* wrow, float* dst) { dequant_row<W>(wrow, blocks, dst); };
+  auto tile = [k](const float* const* wr, const float* const* xr, float (*dots)[FN]) { ftile_avx2(wr, xr, k, dots); };
+  blocked<float>(w, row_bytes, k, xf, k, k * 4, m_rows, prepare, tile, out, ldo, col0, begin, end);
+}
+
+template <class W, bool VNNI>
+void matmul_blocked(const uint8_t* w, int64_t row_bytes, const BlockQ8* xq, int64_t m_rows, int64_t x_blocks,
+                    float* out, int64_t ldo, int64_t col0, int64_t begin, int64_t end) {
+  const int64_t blocks = row_bytes / W::BYTES;
+  auto prepare = [blocks](const uint8_t* wrow, SubBlock* dst) { unpack_row<W>(wrow, blocks, dst); };
+  auto tile = [x_blocks](const SubBlock* const* wr, const BlockQ8* const* xr, float (*dots)[FN]) {
+    itile_avx2<W, VNNI>(wr, xr, x_blocks, dots);
+  };
+  blocked<SubBlock>(w, row_bytes, x_blocks, xq, x_blocks, x_blocks * int64_t(sizeof(BlockQ8)), m_rows, prepare,
+                    tile, out, ldo, col0, begin, end);
+}
+#endif
+
+// Fewer rows than this run fused (de-quantized in registers per tile of TILE rows), more run blocked.
+constexpr int64_t BLOCKED_ROWS = 5;
+
 template <class W>
 void fmatmul_rows(int level, const uint8_t* w, int64_t row_bytes, const float* xf, int64_t m_rows, int64_t k,
                   float* out, int64_t ldo, int64_t col0, int64_t begin, int64_t end) {
+#ifdef __AVX2__
+  if (level >= 1 && m_rows >= BLOCKED_ROWS)
+    return fmatmul_blocked<W>(w, row_bytes, xf, m_rows, k, out, ldo, col0, begin, end);
+#endif
   const int64_t blocks = row_bytes / W::BYTES;
   const float* x[TILE];
   float dots[TILE];
@@ -410,6 +539,47 @@ void fmatmul_rows(int level, const uint8_t* w, int64_t row_bytes, const float* x
     }
   }
 }
+
+// out[m, col0 + n] = x[m] . w[n] for one weight of type W, rows [begin, end).
+template <class W>
+void matmul_rows(int level, const uint8_t* w, int64_t row_bytes, const BlockQ8* xq, int64_t m_rows,
+                 int64_t x_blocks, float* out, int64_t ldo, int64_t col0, int64_t begin, int64_t end) {
+#ifdef __AVX2__
+  if (level == 2 && m_rows >= BLOCKED_ROWS)
+    return matmul_blocked<W, true>(w, row_bytes, xq, m_rows, x_blocks, out, ldo, col0, begin, end);
+  if (level == 1 && m_rows >= BLOCKED_ROWS)
+    return matmul_blocked<W, false>(w, row_bytes, xq, m_rows, x_blocks, out, ldo, col0, begin, end);
+#endif
+  const int64_t blocks = row_bytes / W::BYTES;
+  const BlockQ8* x[TILE];
+  float dots[TILE];
+  for (int64_t n = begin; n < end; ++n) {
+    const uint8_t* wrow = w + n * row_bytes;
+    for (int64_t m = 0; m < m_rows; m += TILE) {
+      const int64_t r = std::min<int64_t>(TILE, m_rows - m);
+      for (int64_t i = 0; i < r; ++i) x[i] = xq + (m + i) * x_blocks;
+      switch (r) {
+        case 4: dot_rows<W, 4>(level, wrow, blocks, x, dots); break;
+        case 3: dot_rows<W, 3>(level, wrow, blocks, x, dots); break;
+        case 2: dot_rows<W, 2>(level, wrow, blocks, x, dots); break;
+        default: dot_rows<W, 1>(level, wrow, blocks, x, dots);
+      }
+      for (int64_t i = 0; i < r; ++i) out[(m + i) * ldo + col0 + n] = dots[i];
+    }
+  }
+}
+
+using MatmulRows = void (*)(int, const uint8_t*, int64_t, const BlockQ8*, int64_t, int64_t, float*, int64_t,
+                            int64_t, int64_t, int64_t);
+
+using FMatmulRows = void (*)(int, const uint8_t*, int64_t, const float*, int64_t, int64_t, float*, int64_t,
+                             int64_t, int64_t, int64_t);
+
+struct Kind {
+  MatmulRows run;      // int8 activations
+  FMatmulRows frun;    // float32 activations
+  int64_t block, bytes;
+};
 
 template <class W>
 Kind kind() {

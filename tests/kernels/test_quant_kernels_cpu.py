@@ -104,6 +104,27 @@ def test_a_row_is_the_same_bits_alone_and_in_a_batch_at_every_level(type_name: s
         assert torch.equal(run(x, level), batch), f"level {level}"
 
 
+@pytest.mark.parametrize("type_name", TYPES)
+@pytest.mark.parametrize("path", ["float", "int8"])
+@pytest.mark.parametrize("k", [256, 2048])
+def test_a_row_is_the_same_bits_in_any_batch_and_tile_position(type_name: str, path: str, k: int) -> None:
+    """From 5 rows on, the kernels run blocked (tiles of rows x weight rows; at K = 2048 several blocks of
+    rows): a row's bits must not depend on how many rows came with it, nor where in a tile it landed."""
+    stored, x = weight(type_name, 19, k, seed=5), activations(64, k, seed=6)
+    ggml = quant_reference.TYPES[type_name].ggml_type
+    order = torch.randperm(64, generator=torch.Generator().manual_seed(7))
+
+    def run(rows: torch.Tensor, level: int) -> torch.Tensor:
+        return kernels.cpu.quant_linear(rows, [stored], [ggml], level, int8=path == "int8")
+
+    scalar = run(x, 0)
+    for level in range(kernels.cpu.quant_level() + 1):
+        assert torch.equal(run(x, level), scalar), f"level {level}"
+        for m_rows in (1, 5, 16, 64):
+            rows = order[:m_rows]
+            assert torch.equal(run(x[rows], level), scalar[rows]), f"level {level}, {m_rows} rows"
+
+
 def test_weights_of_several_types_side_by_side() -> None:
     """How a fused q/k/v projection runs when its parts were quantized differently (a Q4_K_M file)."""
     parts = [("Q4_K", 24), ("Q6_K", 8), ("Q8_0", 8)]
