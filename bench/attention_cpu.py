@@ -1,6 +1,7 @@
 """Micro-benchmark of the torch reference paged_attention on CPU, per layer call.
 
 python -m bench.attention_cpu [--dtype bfloat16] [--decodes 64] [--context 300] [--prefill 512]
+                              [--cached 4000]
 """
 
 import argparse
@@ -34,6 +35,7 @@ def build(args: argparse.Namespace, query_lens: list[int], seq_lens: list[int]):
         query_lens_cpu=query_lens,
         seq_lens_cpu=seq_lens,
         block_size=bs,
+        batch_invariant=args.batch_invariant,
     )
     dtype = getattr(torch, args.dtype)
     k_cache, v_cache = (
@@ -76,6 +78,7 @@ def main() -> None:
     parser.add_argument("--decodes", type=int, default=64)
     parser.add_argument("--context", type=int, default=300, help="mean decode context; spread +-20%%")
     parser.add_argument("--prefill", type=int, default=512)
+    parser.add_argument("--cached", type=int, default=4000, help="a long prompt's context before its chunk")
     parser.add_argument("--heads", type=int, default=9)
     parser.add_argument("--kv-heads", type=int, default=3)
     parser.add_argument("--head-dim", type=int, default=64)
@@ -83,6 +86,9 @@ def main() -> None:
     parser.add_argument("--chunk-tokens", type=int, help="override kernels.metadata.DECODE_CHUNK_TOKENS")
     parser.add_argument("--threads", type=int, help="torch.set_num_threads")
     parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument(
+        "--batch-invariant", action="store_true", help="every row in place (the engine's CPU default)"
+    )
     args = parser.parse_args()
     torch.manual_seed(0)
     if args.threads:
@@ -95,11 +101,13 @@ def main() -> None:
         "ms per paged_attention call, min (median); the first layer of a step also builds its plans\n"
         f"{args.dtype}, {torch.get_num_threads()} threads, {args.heads} heads / {args.kv_heads} kv heads "
         f"x {args.head_dim}, block {args.block_size}, "
-        f"decode chunk {kernels.metadata.DECODE_CHUNK_TOKENS} tokens"
+        f"decode chunk {kernels.metadata.DECODE_CHUNK_TOKENS} tokens, batch invariant {args.batch_invariant}"
     )
     run(args, f"{args.decodes} decodes, context {lo}-{hi}", [1] * args.decodes, contexts)
     run(args, f"prefill {args.prefill}", [args.prefill], [args.prefill])
     run(args, f"prefill {args.prefill} after {args.prefill} cached", [args.prefill], [2 * args.prefill])
+    deep = args.cached + args.prefill
+    run(args, f"prefill {args.prefill} after {args.cached} cached", [args.prefill], [deep])
     run(args, "decodes + prefill, one batch", [1] * args.decodes + [args.prefill], [*contexts, args.prefill])
 
 

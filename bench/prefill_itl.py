@@ -1,13 +1,15 @@
 """Running jobs' inter-token latency while long prompts arrive, per step token budget (issue 32 item 7).
 
     python bench/prefill_itl.py [--budgets 2048,1024,512,256] [--running 16] [--long-prompt 7000]
-                                [--long-count 2] [--max-tokens 160] [--model DIR]
+                                [--long-count 2] [--max-tokens 160] [--model DIR] [--context-keys engine,0]
 
 ``--running`` requests decode ``--max-tokens`` tokens each; once they are all decoding, ``--long-count``
 prompts of ``--long-prompt`` tokens arrive, one every few steps. Every budget runs the same requests on the
 same engine settings otherwise. Printed per budget: the running requests' inter-token gaps (p50, p99,
 max), the long prompts' time to first token, and the whole load's generated tokens per second, with each
-budget's p99 and throughput as a ratio of the first budget's (the baseline). The machine must be quiet.
+budget's p99 and throughput as a ratio of the first budget's (the baseline). ``--context-keys``: the
+scheduler's Scheduler.context_keys per run (``engine``: the device's; 0: chunks count their tokens only),
+each budget run with each. The machine must be quiet.
 """
 
 import argparse
@@ -67,17 +69,24 @@ def main() -> None:
     parser.add_argument("--long-every", type=int, default=8, help="steps between long prompts' arrivals")
     parser.add_argument("--max-tokens", type=int, default=160)
     parser.add_argument("--model", default=None, help="a model directory (default: the built-in model)")
+    parser.add_argument("--context-keys", default="engine", help="comma list of engine or N (0: tokens only)")
     args = parser.parse_args()
     model = {"model": args.model} if args.model else {}
     rows = []
     for budget in (int(b) for b in args.budgets.split(",")):
-        llm = LLM(**model, device="cpu", max_num_batched_tokens=budget, enable_prefix_caching=False)
-        llm.engine.step()  # an empty step: the kernels' first call out of the timings
-        rows.append((budget, run(llm, args)))
-        del llm
+        for keys in args.context_keys.split(","):
+            llm = LLM(**model, device="cpu", max_num_batched_tokens=budget, enable_prefix_caching=False)
+            if keys != "engine":
+                llm.engine.scheduler.context_keys = int(keys) or None
+            llm.engine.step()  # an empty step: the kernels' first call out of the timings
+            rows.append((f"{budget} / {keys}", run(llm, args)))
+            del llm
     base = rows[0][1]
     print(f"{args.running} running x {args.max_tokens} tokens; {args.long_count} x {args.long_prompt} arrive")
-    print("| budget | ITL p50 ms | p99 ms | max ms | long TTFT s | tok/s | p99 / 1st | tok/s / 1st |")
+    print(
+        "| budget / context keys | ITL p50 ms | p99 ms | max ms | long TTFT s | tok/s | p99 / 1st |", end=""
+    )
+    print(" tok/s / 1st |")
     print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for budget, r in rows:
         itl = f"{r['p50']:.0f} | {r['p99']:.0f} | {r['max']:.0f}"

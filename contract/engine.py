@@ -13,6 +13,11 @@ DEFAULT_EMBED_MODEL = "all-minilm-l6-v2"  # the built-in embedding model (worker
 EMBED_MAX_NUM_BATCHED_TOKENS = 8192
 GPU_STEP_TOKENS = 2048  # a generation step's token budget on a GPU, when none is given
 CPU_STEP_TOKENS = 512  # and on the CPU
+# On the CPU a prefill chunk's token also costs its attention over the context before the chunk: the
+# scheduler counts it 1 + context / CPU_CONTEXT_KEYS against the budget, so a step deep in a long prompt
+# takes about as long as one at its start. Fitted on the default model's 512-token steps through a
+# 7,000-token prompt (step time ~ 1 + context / 2,600; a loaded 2-core box, rough). A GPU counts tokens only.
+CPU_CONTEXT_KEYS = 2500
 
 
 GGUF_MAGIC, GGUF_VERSIONS = b"GGUF", (2, 3)  # a GGUF file's first 4 bytes, and the versions pagedq reads
@@ -96,3 +101,7 @@ class EngineConfig:
     def step_budget(self, on_gpu: bool) -> int:
         """A generation step's token budget: the one given, else the device's default."""
         return self.max_num_batched_tokens or (GPU_STEP_TOKENS if on_gpu else CPU_STEP_TOKENS)
+
+    def step_context_keys(self, on_gpu: bool) -> int | None:
+        """The context at which a prefill token counts twice against the step budget (None: never)."""
+        return None if on_gpu else CPU_CONTEXT_KEYS

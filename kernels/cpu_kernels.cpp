@@ -35,6 +35,11 @@ inline void axpy(float w, const T* v, float* out, int64_t dim) {
   for (int64_t d = 0; d < dim; ++d) out[d] = std::fma(w, static_cast<float>(v[d]), out[d]);
 }
 
+// A key's score is the same bits whichever path computes it, so a query row's result does not depend on
+// which keys share a call with it (a decode, or any prefill chunk): 8 lanes, lane l summing the products
+// of d = l, l + 8, ... in order with FMAs, then this tree over the lanes (score_quad's horizontal adds).
+inline float lane_sum(const float* a) { return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7])); }
+
 // Scores of G query heads against two keys at once: 2 * G independent 8-lane accumulators keep the
 // FMA units busy where one dot product at a time waits on its own chain. dim % 8 == 0.
 template <int G, typename T>
@@ -53,13 +58,8 @@ inline void score_pair(const float* q, const T* k0, const T* k1, float* s0, floa
       }
   }
   for (int g = 0; g < G; ++g) {
-    float t0 = 0.f, t1 = 0.f;
-    for (int l = 0; l < 8; ++l) {
-      t0 += a0[g][l];
-      t1 += a1[g][l];
-    }
-    s0[g] = t0;
-    s1[g] = t1;
+    s0[g] = lane_sum(a0[g]);
+    s1[g] = lane_sum(a1[g]);
   }
 }
 
@@ -99,48 +99,60 @@ void add_values(const float* weights, int64_t row_len, const T* values, int64_t 
   }
 }
 
-// Scores of G <= 3 query heads against 4 keys at once: G x 4 accumulators stay in registers, the 4 key
-// rows are loaded once per 8 lanes, and three horizontal adds turn each head's 4 sums into 4 scores.
+// Scores of G <= 3 query heads against keys j..j + n - 1 (n <= 4) of a block: G x 4 accumulators stay in
+// registers, the key rows are loaded once per 8 lanes, and three horizontal adds turn each head's 4 sums
+// into 4 scores. Short of 4 keys, the last is loaded again in the missing ones' place.
 template <int G, typename T>
-void score_quad(const float* q, const T* keys, int64_t stride, float* scores, int64_t row_len, int64_t dim) {
+void score_quad(const float* q, const T* keys, int64_t stride, int64_t n, float* scores, int64_t row_len,
+                int64_t dim) {
+  const T* k[4];
+  for (int64_t i = 0; i < 4; ++i) k[i] = keys + std::min(i, n - 1) * stride;
   __m256 a[G][4];
   for (int g = 0; g < G; ++g)
-    for (int k = 0; k < 4; ++k) a[g][k] = _mm256_setzero_ps();
+    for (int i = 0; i < 4; ++i) a[g][i] = _mm256_setzero_ps();
   for (int64_t d = 0; d < dim; d += 8) {
     __m256 x[4];
-    for (int k = 0; k < 4; ++k) x[k] = load8(keys + k * stride + d);
+    for (int i = 0; i < 4; ++i) x[i] = load8(k[i] + d);
     for (int g = 0; g < G; ++g) {
       const __m256 qg = _mm256_loadu_ps(q + g * dim + d);
-      for (int k = 0; k < 4; ++k) a[g][k] = _mm256_fmadd_ps(qg, x[k], a[g][k]);
+      for (int i = 0; i < 4; ++i) a[g][i] = _mm256_fmadd_ps(qg, x[i], a[g][i]);
     }
   }
   for (int g = 0; g < G; ++g) {
     const __m256 pairs = _mm256_hadd_ps(_mm256_hadd_ps(a[g][0], a[g][1]), _mm256_hadd_ps(a[g][2], a[g][3]));
     const __m128 sums = _mm_add_ps(_mm256_castps256_ps128(pairs), _mm256_extractf128_ps(pairs, 1));
-    _mm_storeu_ps(scores + g * row_len, sums);
+    if (n == 4) {
+      _mm_storeu_ps(scores + g * row_len, sums);
+    } else {
+      alignas(16) float four[4];
+      _mm_store_ps(four, sums);
+      for (int64_t i = 0; i < n; ++i) scores[g * row_len + i] = four[i];
+    }
   }
 }
 #endif
 
-// Scores of G query heads against the n keys of one cache block (rows `stride` elements apart).
+// Scores of G query heads against the n keys of one cache block (rows `stride` elements apart); every key
+// through the same path (see lane_sum), a lone last key paired with itself.
 template <int G, typename T>
 void score_block(const float* q, const T* keys, int64_t stride, int64_t n, float* scores, int64_t row_len,
                  int64_t dim) {
-  float s0[G], s1[G];
-  int64_t j = 0;
 #ifdef __AVX2__
-  if constexpr (G <= 3 && !std::is_same_v<T, double>)
-    for (; j + 3 < n; j += 4) score_quad<G>(q, keys + j * stride, stride, scores + j, row_len, dim);
+  if constexpr (G <= 3 && !std::is_same_v<T, double>) {
+    for (int64_t j = 0; j < n; j += 4)
+      score_quad<G>(q, keys + j * stride, stride, std::min<int64_t>(4, n - j), scores + j, row_len, dim);
+    return;
+  }
 #endif
-  for (; j + 1 < n; j += 2) {
-    score_pair<G>(q, keys + j * stride, keys + (j + 1) * stride, s0, s1, dim);
+  float s0[G], s1[G];
+  for (int64_t j = 0; j < n; j += 2) {
+    const T* k1 = keys + std::min(j + 1, n - 1) * stride;
+    score_pair<G>(q, keys + j * stride, k1, s0, s1, dim);
     for (int g = 0; g < G; ++g) {
       scores[g * row_len + j] = s0[g];
-      scores[g * row_len + j + 1] = s1[g];
+      if (j + 1 < n) scores[g * row_len + j + 1] = s1[g];
     }
   }
-  for (; j < n; ++j)
-    for (int g = 0; g < G; ++g) scores[g * row_len + j] = dot(q + g * dim, keys + j * stride, dim);
 }
 
 // Calls f(std::integral_constant<int, G>) for a GQA group of 1..4 heads and says whether it did: the
@@ -178,27 +190,28 @@ void add_values_any(const float* weights, int64_t row_len, const T* values, int6
     for (int64_t g = 0; g < group; ++g) axpy(weights[g * row_len + j], values + j * stride, acc + g * dim, dim);
 }
 
-struct Plan {  // the query rows to attend: row token[i] of sequence seq[i], at position[i] in it
-  std::vector<int64_t> token, seq, position;
+// Query rows attend in tiles: up to TILE_ROWS rows of one sequence at consecutive positions, against each
+// K/V block in turn, so a block is read from memory once for the tile's rows, not once per row.
+constexpr int64_t TILE_ROWS = 16;
+
+struct Tile {  // query rows token..token + rows - 1 of sequence seq, at positions position.. onwards
+  int64_t token, seq, position, rows;
 };
 
-Plan plan_tokens(const at::Tensor& query_start_loc, const at::Tensor& seq_lens, int64_t num_tokens,
-                 int64_t max_query_len) {
+std::vector<Tile> plan_tiles(const at::Tensor& query_start_loc, const at::Tensor& seq_lens, int64_t num_tokens,
+                             int64_t max_query_len) {
   auto starts = query_start_loc.to(at::kLong).contiguous();
   auto lens = seq_lens.to(at::kLong).contiguous();
   const int64_t* s = starts.data_ptr<int64_t>();
   const int64_t* l = lens.data_ptr<int64_t>();
-  Plan plan;
+  std::vector<Tile> tiles;
   for (int64_t b = 0; b < lens.size(0); ++b) {
     TORCH_CHECK(s[b + 1] - s[b] <= l[b] && s[b + 1] <= num_tokens, "sequence ", b, " does not fit the query");
     if (s[b + 1] - s[b] > max_query_len) continue;
-    for (int64_t t = s[b]; t < s[b + 1]; ++t) {
-      plan.token.push_back(t);
-      plan.seq.push_back(b);
-      plan.position.push_back(l[b] - (s[b + 1] - t));
-    }
+    for (int64_t t = s[b]; t < s[b + 1]; t += TILE_ROWS)
+      tiles.push_back({t, b, l[b] - (s[b + 1] - t), std::min(TILE_ROWS, s[b + 1] - t)});
   }
-  return plan;
+  return tiles;
 }
 
 #ifdef __AVX2__
@@ -251,33 +264,41 @@ inline void softmax(float* s, int64_t n) {
   for (j = 0; j < n; ++j) s[j] *= inv;
 }
 
-// One query token and one kv head: its `group` query heads attend keys 0..position of its sequence,
-// reading each key and value row once, straight from its cache block.
+// One tile and one kv head: each row's `group` query heads attend keys 0..its position, the tile's rows
+// block by block. A row's sums run in the same order as when it attends alone (a decode): key by key
+// for its scores and its softmax, and over the keys in order for each output element.
 template <typename T>
-void attend(const T* query, const T* k_cache, const T* v_cache, const int64_t* table, T* out,
-            int64_t position, int64_t group, int64_t dim, int64_t block_size, int64_t kv_heads,
+void attend(const T* query, int64_t query_stride, const T* k_cache, const T* v_cache, const int64_t* table,
+            T* out, const Tile& tile, int64_t group, int64_t dim, int64_t block_size, int64_t kv_heads,
             int64_t kv_head, float scale, std::vector<float>& scratch) {
-  const int64_t num_keys = position + 1;
-  scratch.resize(group * (num_keys + 2 * dim));
+  const int64_t width = tile.position + tile.rows, vectors = tile.rows * group;  // the last row's keys
+  scratch.resize(vectors * (width + 2 * dim));
   float* q = scratch.data();
-  float* acc = q + group * dim;
-  float* scores = acc + group * dim;
-  for (int64_t i = 0; i < group * dim; ++i) {
-    q[i] = static_cast<float>(query[i]) * scale;
-    acc[i] = 0.f;
-  }
+  float* acc = q + vectors * dim;
+  float* scores = acc + vectors * dim;
+  for (int64_t r = 0; r < tile.rows; ++r)
+    for (int64_t i = 0; i < group * dim; ++i) {
+      q[r * group * dim + i] = static_cast<float>(query[r * query_stride + i]) * scale;
+      acc[r * group * dim + i] = 0.f;
+    }
   // Key j sits in block table[j / block_size], row j % block_size; walking block by block keeps
   // integer division out of the inner loops.
   const int64_t stride = kv_heads * dim;
   auto block = [&](const T* cache, int64_t b) { return cache + (table[b] * block_size * kv_heads + kv_head) * dim; };
-  for (int64_t start = 0, b = 0; start < num_keys; start += block_size, ++b)
-    score_any(q, block(k_cache, b), stride, std::min(block_size, num_keys - start), scores + start, num_keys,
-              group, dim);
-  for (int64_t g = 0; g < group; ++g) softmax(scores + g * num_keys, num_keys);
-  for (int64_t start = 0, b = 0; start < num_keys; start += block_size, ++b)
-    add_values_any(scores + start, num_keys, block(v_cache, b), stride, std::min(block_size, num_keys - start),
-                   acc, group, dim);
-  for (int64_t i = 0; i < group * dim; ++i) out[i] = static_cast<T>(acc[i]);
+  auto keys_in = [&](int64_t r, int64_t start) { return std::min(block_size, tile.position + r + 1 - start); };
+  auto first_row = [&](int64_t start) { return std::max<int64_t>(0, start - tile.position); };  // with keys there
+  for (int64_t start = 0, b = 0; start < width; start += block_size, ++b)
+    for (int64_t r = first_row(start); r < tile.rows; ++r)
+      score_any(q + r * group * dim, block(k_cache, b), stride, keys_in(r, start),
+                scores + r * group * width + start, width, group, dim);
+  for (int64_t r = 0; r < tile.rows; ++r)
+    for (int64_t g = 0; g < group; ++g) softmax(scores + (r * group + g) * width, tile.position + r + 1);
+  for (int64_t start = 0, b = 0; start < width; start += block_size, ++b)
+    for (int64_t r = first_row(start); r < tile.rows; ++r)
+      add_values_any(scores + r * group * width + start, width, block(v_cache, b), stride, keys_in(r, start),
+                     acc + r * group * dim, group, dim);
+  for (int64_t r = 0; r < tile.rows; ++r)
+    for (int64_t i = 0; i < group * dim; ++i) out[r * query_stride + i] = static_cast<T>(acc[r * group * dim + i]);
 }
 
 // query [T, heads, D]; caches [blocks, block_size, kv_heads, D]; block_tables [B, max_blocks];
@@ -296,8 +317,8 @@ at::Tensor paged_attention(const at::Tensor& query_in, const at::Tensor& k_cache
   const int64_t block_size = k_cache.size(1), kv_heads = k_cache.size(2);
   TORCH_CHECK(heads % kv_heads == 0 && k_cache.size(3) == dim, "query heads do not fit the cache");
   const int64_t group = heads / kv_heads, width = tables.size(1);
-  const Plan plan = plan_tokens(query_start_loc, seq_lens, num_tokens, max_query_len);
-  const int64_t rows = static_cast<int64_t>(plan.token.size());
+  const std::vector<Tile> tiles = plan_tiles(query_start_loc, seq_lens, num_tokens, max_query_len);
+  const int64_t items = static_cast<int64_t>(tiles.size()) * kv_heads;
   auto out = at::empty_like(query);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, query.scalar_type(), "paged_attention", [&] {
     const scalar_t* q = query.data_ptr<scalar_t>();
@@ -305,16 +326,16 @@ at::Tensor paged_attention(const at::Tensor& query_in, const at::Tensor& k_cache
     const scalar_t* v = v_cache.data_ptr<scalar_t>();
     scalar_t* o = out.data_ptr<scalar_t>();
     const int64_t* table = tables.data_ptr<int64_t>();
-    // Dynamic scheduling: rows differ in length, and a static split leaves one thread waiting.
+    // Dynamic scheduling: tiles differ in length, and a static split leaves one thread waiting.
     _Pragma("omp parallel num_threads(at::get_num_threads())")
     {
       std::vector<float> scratch;
-      _Pragma("omp for schedule(dynamic, 4)")
-      for (int64_t item = 0; item < rows * kv_heads; ++item) {
-        const int64_t i = item / kv_heads, h = item % kv_heads;
-        const int64_t offset = (plan.token[i] * heads + h * group) * dim;
-        attend(q + offset, k, v, table + plan.seq[i] * width, o + offset, plan.position[i], group, dim,
-               block_size, kv_heads, h, static_cast<float>(scale), scratch);
+      _Pragma("omp for schedule(dynamic, 1)")
+      for (int64_t item = 0; item < items; ++item) {
+        const Tile& tile = tiles[item / kv_heads];
+        const int64_t h = item % kv_heads, offset = (tile.token * heads + h * group) * dim;
+        attend(q + offset, heads * dim, k, v, table + tile.seq * width, o + offset, tile, group, dim, block_size,
+               kv_heads, h, static_cast<float>(scale), scratch);
       }
     }
   });

@@ -112,6 +112,17 @@ def test_a_request_is_the_same_whatever_shares_its_steps(
     assert_same(alone, tokens, logits)
 
 
+def test_a_request_is_the_same_when_its_chunks_shrink_with_their_context(
+    tiny_llama: Path, alone: tuple
+) -> None:
+    """The CPU scheduler sizes a prefill chunk by its context (Scheduler.context_keys): here a token after
+    8 keys counts twice, so the prompt goes in ever smaller chunks (1 to 24 tokens), decodes beside."""
+    llm = LLM(str(tiny_llama), kv_cache_bytes=4 << 20, block_size=16, max_num_batched_tokens=24)
+    llm.engine.scheduler.context_keys = 8
+    tokens, logits, _ = run(llm, 0, 3)
+    assert_same(alone, tokens, logits)
+
+
 @pytest.mark.parametrize("kernel", ["float", "int8"])
 def test_a_gguf_request_is_the_same_whatever_shares_its_steps(tmp_path: Path, kernel: str) -> None:
     from tests.engine.test_gguf_engine import tiny_gguf

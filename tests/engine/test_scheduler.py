@@ -1,5 +1,7 @@
 """The scheduler's after-step interface (advance, fork, finish) and its preemptions, without a model."""
 
+import itertools
+
 import pytest
 
 from contract.engine import EngineConfig
@@ -13,9 +15,9 @@ pytestmark = pytest.mark.fast
 BS = 4
 
 
-def scheduler(num_blocks: int, **config: int) -> Scheduler:
+def scheduler(num_blocks: int, context_keys: int | None = None, **config: int) -> Scheduler:
     config.setdefault("max_num_batched_tokens", 2048)  # the engine resolves the device's default first
-    return Scheduler(EngineConfig(block_size=BS, **config), BlockManager(num_blocks, BS))
+    return Scheduler(EngineConfig(block_size=BS, **config), BlockManager(num_blocks, BS), context_keys)
 
 
 def sequence(request_id: str, tokens: range, priority: int = 0, **params: object) -> Sequence:
@@ -155,3 +157,45 @@ def test_finish_takes_out_of_waiting_exactly_the_sequence_among_equal_sort_keys(
     assert s.waiting == [first, later] and twin.status is SequenceStatus.FINISHED
     s.finish(Sequence(later.request, 1, [1]))  # never queued: nothing to take out
     assert s.waiting == [first, later]
+
+
+def test_a_chunk_deep_in_a_long_prompt_is_smaller_and_decodes_still_count_one_token_each() -> None:
+    s = scheduler(200, context_keys=100, max_num_batched_tokens=100)
+    decode, long = sequence("d", range(3)), sequence("p", range(600))
+    s.add(decode)
+    step(s)
+    sample(decode)
+    s.add(long)
+    chunks = []
+    while long.num_computed_tokens < long.num_tokens:
+        batch = s.schedule()
+        assert batch.num_new_tokens[0] == 1  # the decode, first, at one token
+        chunks.append(batch.num_new_tokens[1])
+        s.advance(batch)
+        sample(decode)
+    # 99 tokens at context 0 (weight 1), then 99 / (1 + context / 100) at each chunk's context
+    assert chunks[:4] == [99, 49, 39, 34] and sum(chunks) == 600
+    assert all(later <= earlier for earlier, later in itertools.pairwise(chunks))
+
+
+def test_a_deep_prefill_takes_its_cost_from_the_budget_of_the_prompts_admitted_after_it() -> None:
+    s = scheduler(200, context_keys=100, max_num_batched_tokens=100)
+    first = sequence("a", range(170))
+    s.add(first)
+    for _ in range(2):
+        step(s)
+    assert first.num_computed_tokens == 100 + 50
+    s.add(sequence("b", range(1000, 1080)))
+    batch = s.schedule()  # the first's last 20 tokens at weight 2.5 take 50 of 100: 50 left for the second
+    assert batch.num_new_tokens == [20, 50]
+
+
+def test_without_context_keys_a_chunk_counts_its_tokens_only() -> None:
+    s = scheduler(200, max_num_batched_tokens=100)
+    seq = sequence("p", range(350))
+    s.add(seq)
+    computed = []
+    for _ in range(4):
+        step(s)
+        computed.append(seq.num_computed_tokens)
+    assert computed == [100, 200, 300, 350]

@@ -2,6 +2,7 @@
 attention. The first run on a machine builds them (~15-30 s on 2 cores; cached in ~/.cache/pagedq).
 Under ``CI=true`` a build failure fails here instead of skipping."""
 
+import dataclasses
 import logging
 import os
 import subprocess
@@ -13,7 +14,7 @@ import torch
 
 import kernels.cpu
 from kernels import dispatch, reference
-from tests.kernels.test_kernels_reference import MIXED, check_mixed_batch
+from tests.kernels.test_kernels_reference import MIXED, check_mixed_batch, make_meta, scattered_tables
 
 ROUNDING = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 2e-3}
 
@@ -58,6 +59,42 @@ def test_paged_attention_accepts_a_strided_query():
     got = dispatch.paged_attention(query, k_cache, v_cache, meta, 0.2)
     want = reference.paged_attention(query, k_cache, v_cache, meta, 0.2)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def attend_in_chunks(query, k_cache, v_cache, table, chunk, start=0) -> torch.Tensor:
+    """Rows ``start`` onwards of one sequence (``query`` holds all its rows), ``chunk`` at a time after
+    ``start`` cached keys, as the engine's chunked prefill (chunk 1: decode steps) calls the kernel."""
+    pieces = []
+    for lo in range(start, query.shape[0], chunk):
+        hi = min(lo + chunk, query.shape[0])
+        meta = dataclasses.replace(
+            make_meta([hi - lo], [hi], [table], k_cache.shape[1]), batch_invariant=True
+        )
+        pieces.append(dispatch.paged_attention(query[lo:hi], k_cache, v_cache, meta, 0.125))
+    return torch.cat(pieces)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "group", "dim"),
+    [(torch.float32, 3, 64), (torch.bfloat16, 3, 64), (torch.float32, 2, 40), (torch.float32, 5, 32)],
+)
+def test_prefill_chunks_attend_as_decodes_do(dtype, group, dim):
+    """A position's attention is the same bits whichever chunk (and tile of rows) computes it, across
+    block boundaries and partial blocks: the batch-invariant engine's chunked prefill relies on it."""
+    gen = torch.Generator().manual_seed(11)
+    length, block_size, kv_heads = 600, 16, 2
+    tables, num_blocks = scattered_tables([length], block_size, gen)
+    k_cache, v_cache = (
+        torch.randn(num_blocks, block_size, kv_heads, dim, generator=gen).to(dtype) for _ in range(2)
+    )
+    query = torch.randn(length, kv_heads * group, dim, generator=gen).to(dtype)
+    decodes = attend_in_chunks(query, k_cache, v_cache, tables[0], 1, start=3)
+    for chunk in (7, 64, 512):
+        chunked = attend_in_chunks(query, k_cache, v_cache, tables[0], chunk, start=3)
+        assert torch.equal(chunked, decodes), f"chunks of {chunk}"
+    meta = make_meta([length], [length], tables, block_size)
+    want = reference.paged_attention(query, k_cache, v_cache, meta, 0.125)[3:]
+    torch.testing.assert_close(decodes, want, atol=ROUNDING[dtype], rtol=ROUNDING[dtype])
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])

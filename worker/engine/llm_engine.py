@@ -79,7 +79,7 @@ class LLMEngine:
         block_manager = BlockManager(
             self.runner.num_blocks, self.config.block_size, self.config.enable_prefix_caching
         )
-        self.scheduler = Scheduler(self.config, block_manager)
+        self.scheduler = Scheduler(self.config, block_manager, self.config.step_context_keys(on_gpu))
         self.beam_searcher = BeamSearcher(
             self.scheduler, self._new_sequence, self.tokenizer, self.eos_token_ids, self.max_model_len
         )

@@ -13,6 +13,7 @@ parent's blocks) and ``finish``; it never touches the queues or the block pool i
 
 import bisect
 import logging
+import math
 from dataclasses import dataclass, field
 
 from contract.engine import EngineConfig
@@ -33,6 +34,9 @@ class ScheduledBatch:
 class Scheduler:
     config: EngineConfig
     block_manager: BlockManager
+    # A prefill token after this many keys of context counts twice against the budget (None: once, always):
+    # deep in a long prompt a chunk's attention, not its token count, sets the step's time.
+    context_keys: int | None = None
     waiting: list[Sequence] = field(default_factory=list)  # kept sorted by sort_key
     running: dict[Sequence, None] = field(default_factory=dict)  # in admission order, O(1) removal
     num_preemptions: int = 0
@@ -69,15 +73,25 @@ class Scheduler:
                 break
             if seq.status is not SequenceStatus.RUNNING or seq.num_uncomputed_tokens == 0:
                 continue  # preempted earlier in this loop, or idle
-            num_new = min(seq.num_uncomputed_tokens, budget)
+            num_new, cost = self._chunk(seq, budget)
             if not self._make_room(seq, num_new, scheduled):
                 continue
             self.block_manager.grow(seq, num_new)
             scheduled.add(seq)
             batch.sequences.append(seq)
             batch.num_new_tokens.append(num_new)
-            budget -= num_new
+            budget -= cost
         return budget
+
+    def _chunk(self, seq: Sequence, budget: int) -> tuple[int, int]:
+        """How many of ``seq``'s uncomputed tokens fit ``budget`` (at least one), and the budget they take:
+        a token each, times ``1 + context / context_keys`` for a prefill's tokens after a computed context."""
+        num_new = min(seq.num_uncomputed_tokens, budget)
+        if self.context_keys is None or seq.num_uncomputed_tokens == 1:
+            return num_new, num_new
+        weight = 1 + seq.num_computed_tokens / self.context_keys
+        num_new = max(1, min(num_new, int(budget / weight)))
+        return num_new, min(budget, math.ceil(num_new * weight))
 
     def _make_room(self, seq: Sequence, num_new: int, scheduled: set[Sequence]) -> bool:
         """Preempt the lowest-priority, latest-arrived unscheduled sequence until ``seq`` fits.
@@ -114,7 +128,7 @@ class Scheduler:
             if seq.num_tokens == seq.num_tokens_reported or self._waits_for_prefix(seq, upcoming):
                 index += 1
                 continue
-            num_new = min(seq.num_uncomputed_tokens, budget)
+            num_new, cost = self._chunk(seq, budget)
             while not (fits := self._fits(seq, num_new, seats)) and (freed := self._yield(batch, yielded)):
                 seats -= freed
             if not fits:
@@ -122,7 +136,7 @@ class Scheduler:
                 break
             self._admit(self.waiting.pop(index), num_new, batch)
             seats += self._seats(seq)
-            budget -= num_new
+            budget -= cost
             upcoming.update(self.block_manager.uncomputed_block_hashes(seq))
         for seq in yielded:
             self.add(seq)
