@@ -4,7 +4,7 @@ Every write to a job is conditional on the attempt that claimed it, so a stale d
 redelivered message, a worker presumed dead) can never overwrite what the current run wrote.
 """
 
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -242,14 +242,15 @@ class JobStore:
 
     def _pick(self, session: Session, skip: set[str], worker_id: str) -> str | None:
         assert self.fair_aging is not None
-        held_here = or_(Job.status == JobStatus.RUNNING, Job.id.in_(skip))
-        running = select(Job.id, Job.key_id, Job.prefix_key).where(Job.model == self.model, held_here)
-        rows = session.execute(running).all()
-        held = Counter(row.key_id for row in rows)
-        indexed = session.get_bind().dialect.name == "postgresql"
-        best = session.execute(fairest(self.model, skip, held, self.fair_aging, indexed)).one_or_none()
+        connection = session.connection()
+        indexed = connection.dialect.name == "postgresql"
+        statement = fairest(self.model, self.fair_aging, indexed)
+        best = connection.execute(statement, {"skip": sorted(skip)}).one_or_none()
         if best is None or not self.prefix_aware:
             return None if best is None else best.id  # type: ignore[no-any-return]
+        held_here = or_(Job.status == JobStatus.RUNNING, Job.id.in_(skip))
+        running = select(Job.id, Job.prefix_key).where(Job.model == self.model, held_here)
+        rows = session.execute(running).all()
         submitted = Submitted(self.model, skip, *best[2:], indexed)
         return _preferred(session, submitted, best, self._prefixes(session, rows, skip, worker_id))
 
