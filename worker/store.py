@@ -8,9 +8,13 @@ from collections import defaultdict
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from functools import cache
 from typing import Any
 
 from sqlalchemy import (
+    BigInteger,
+    CompoundSelect,
+    Connection,
     Insert,
     Integer,
     String,
@@ -20,10 +24,13 @@ from sqlalchemy import (
     case,
     cast,
     delete,
+    false,
     func,
     literal,
+    null,
     or_,
     select,
+    union_all,
     update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
@@ -32,11 +39,11 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from core.choices import TokenLogprob
-from core.models import FRESH_RESULTS, Job, TokenTimes, Worker, storable, utcnow
+from core.models import FRESH_RESULTS, Job, JSONType, TokenTimes, Worker, storable, utcnow
 from core.states import JobStatus
 from core.timings import joined
 from core.webhooks import Outbox
-from worker.fair import Prefixes, Submitted, fairest
+from worker.fair import SKIP, Prefixes, Submitted, fairest
 
 
 def database_away(error: BaseException) -> bool:
@@ -190,6 +197,18 @@ def append_token_times(dialect: str) -> Insert:
     )
 
 
+@cache
+def prefix_holders(model: str) -> CompoundSelect:
+    """One read for step 5's ``Prefixes``: the prefix key of each job of ``model`` running or in ``skip``
+    (bound; ``here``: in it), then each other worker's published keys (``worker_id`` bound: this one's)."""
+    here = Job.id.in_(SKIP)
+    running = select(Job.prefix_key, here.label("here"), cast(null(), JSONType).label("published"))
+    running = running.where(Job.model == model, or_(Job.status == JobStatus.RUNNING, here))
+    others = Worker.model == model, Worker.id != bindparam("worker_id")
+    published = select(cast(null(), BigInteger), false(), Worker.prefix_keys).where(*others)
+    return union_all(running, published)
+
+
 def _preferred(session: Session, rows: Submitted, best: Row[Any], prefixes: Prefixes) -> str:
     """Fair share's step 5 among ``rows``, whose first (by id) is ``best``."""
     if best.prefix_key in prefixes.mine:
@@ -248,22 +267,18 @@ class JobStore:
         best = connection.execute(statement, {"skip": sorted(skip)}).one_or_none()
         if best is None or not self.prefix_aware:
             return None if best is None else best.id  # type: ignore[no-any-return]
-        held_here = or_(Job.status == JobStatus.RUNNING, Job.id.in_(skip))
-        running = select(Job.id, Job.prefix_key).where(Job.model == self.model, held_here)
-        rows = session.execute(running).all()
         submitted = Submitted(self.model, skip, *best[2:], indexed)
-        return _preferred(session, submitted, best, self._prefixes(session, rows, skip, worker_id))
+        return _preferred(session, submitted, best, self._prefixes(connection, skip, worker_id))
 
-    def _prefixes(
-        self, session: Session, running: list[Row[Any]], skip: set[str], worker_id: str
-    ) -> Prefixes:
+    def _prefixes(self, connection: Connection, skip: set[str], worker_id: str) -> Prefixes:
         """Held here: this worker's runs' prefix keys and its engine's cache; held elsewhere: the other
         workers' runs' and what their heartbeats published."""
-        mine = {row.prefix_key for row in running if row.id in skip} | self.held_prefixes()
-        others = {row.prefix_key for row in running if row.id not in skip}
-        published = select(Worker.prefix_keys).where(Worker.model == self.model, Worker.id != worker_id)
-        for keys in session.scalars(published):
-            others.update(keys or ())
+        mine, others = set(self.held_prefixes()), set()
+        for key, here, published in connection.execute(
+            prefix_holders(self.model), {"skip": sorted(skip), "worker_id": worker_id}
+        ):
+            (mine if here else others).add(key)
+            others.update(published or ())
         return Prefixes(frozenset(mine - {None}), frozenset(others - mine - {None}))
 
     def claim(self, job_id: str, worker_id: str, retry: bool = False) -> ClaimedJob | None:

@@ -183,3 +183,24 @@ def walk(node: dict) -> Iterator[dict]:
     yield node
     for child in node.get("Plans", []):
         yield from walk(child)
+
+
+@pytest.mark.parametrize("dialect", ["postgresql", "sqlite"])
+def test_a_prefix_another_worker_published_goes_last_but_not_this_worker_s_own(request, dialect):
+    """Step 5 reads the other workers' heartbeats with the runs: a line whose prefix another worker's engine
+    published waits for the others; what this worker published itself (its own row) is not another's."""
+    store = request.getfixturevalue("store" if dialect == "postgresql" else "sqlite_store")
+    store.prefix_aware = True
+    now, elsewhere, here, free = utcnow(), 1, 2, 3
+    with store.sessions.begin() as session:
+        lines = [job(None, 10, now, now + timedelta(hours=1), key) for key in (elsewhere, here, free)]
+        for number, line in enumerate(lines):
+            line.id = f"job_{number}"  # by id: the line held elsewhere first
+        session.add_all(lines)
+    store.heartbeat("w-other", {}, prefix_keys=[elsewhere])
+    store.heartbeat("w-here", {}, prefix_keys=[here])
+    order = []
+    while (picked := store.pick("any", set(), "w-here")) is not None:
+        order.append(next(line.prefix_key for line in lines if line.id == picked))
+        assert store.claim(picked, "w-here") is not None
+    assert order == [here, free, elsewhere]
