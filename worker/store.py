@@ -300,7 +300,7 @@ class JobStore:
             )
         statement = CLAIM.where(JOBS.c.id == job_id, claimable, JOBS.c.cancel_requested.is_(False))
         values = {"worker_id": worker_id, "served_by": self.served_by}
-        row = session.execute(statement.values(**values)).one_or_none()
+        row = session.connection().execute(statement.values(**values)).one_or_none()
         if row is None:
             return None
         attempt, prompt, params, priority, in_batch, prefix_key, *kept, runs = row
