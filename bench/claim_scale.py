@@ -36,7 +36,7 @@ from core import keys
 from core.db import make_db_engine, make_sessionmaker
 from core.models import FRESH_RESULTS, Job, utcnow
 from core.states import JobStatus
-from worker.fair import fair_order, fairest
+from worker.fair import fair_order, fairest, skipping
 from worker.store import JobStore
 
 DATABASE, MODEL, AGING, KEYS = "pagedq_bench_claim_scale", "bench", 30.0, 12
@@ -72,7 +72,7 @@ def measure(url: str, size: int, picks: int) -> None:
             baseline = select(Job.id).where(Job.model == MODEL, Job.status == JobStatus.QUEUED)
             baseline = baseline.where(Job.cancel_requested.is_(False))
             baseline = baseline.order_by(*fair_order(held, AGING)).limit(1)
-            indexed = fairest(MODEL, AGING, indexed=True).params(skip=[])
+            indexed = fairest(MODEL, AGING, indexed=True).params(skipping(()))
             want = session.scalar(baseline)
             times: dict[str, list[float]] = {"baseline": [], "indexed": []}
             for _ in range(picks):

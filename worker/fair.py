@@ -99,22 +99,29 @@ def fair_order(
     return [*order, Job.id]
 
 
-# The ids of ``fairest``'s ``skip``, bound when it runs: its statement is built once per model.
-SKIP = bindparam("skip", expanding=True)
+# The ids of ``skip``, bound when a statement runs (``skipping``), so that it is built once per model. Twice:
+# an expanding parameter renders an empty list once for all its uses, right for IN or for NOT IN, not both.
+SKIP, SKIP_HELD = bindparam("skip", expanding=True), bindparam("skip_held", expanding=True)
+
+
+def skipping(skip: Collection[str]) -> dict[str, list[str]]:
+    """The parameters of ``fairest`` (and of other statements with ``SKIP``)."""
+    ids = sorted(skip)
+    return {"skip": ids, "skip_held": ids}
 
 
 @cache
 def fairest(
     model: str, aging: float, indexed: bool
 ) -> Select[tuple[str, int | None, str | None, int, datetime | None, datetime]]:
-    """The fairest queued job of ``model`` but those in ``skip`` (bound: ``{"skip": [...]}``; steps 1-4
+    """The fairest queued job of ``model`` but those in ``skip`` (bound: ``skipping``; steps 1-4
     and 6, no prefix preference), with what ``Submitted`` needs; ``indexed``: through the groups' heads
     (PostgreSQL), else by ordering every queued row (SQLite, the embedded mode's few). Step 2's count is
     read in the same statement: each key's jobs running on the model or in ``skip`` (being claimed here)."""
     queued = [*_queued(model, ()), Job.id.not_in(SKIP)]
     candidates = _heads(model, queued) if indexed else select(Job.id).where(*queued)
     owner = func.coalesce(Job.key_id, "")
-    held_here = or_(Job.status == JobStatus.RUNNING, Job.id.in_(SKIP))
+    held_here = or_(Job.status == JobStatus.RUNNING, Job.id.in_(SKIP_HELD))
     held = select(owner.label("owner"), func.count().label("n")).where(Job.model == model, held_here)
     held = held.group_by(owner).subquery("held")
     aged = cast(extract("epoch", Job.queued_at) / aging, Integer)

@@ -43,7 +43,7 @@ from core.models import FRESH_RESULTS, Job, JSONType, TokenTimes, Worker, storab
 from core.states import JobStatus
 from core.timings import joined
 from core.webhooks import Outbox
-from worker.fair import SKIP, Prefixes, Submitted, fairest
+from worker.fair import SKIP, Prefixes, Submitted, fairest, skipping
 
 
 def database_away(error: BaseException) -> bool:
@@ -264,7 +264,7 @@ class JobStore:
         connection = session.connection()
         indexed = connection.dialect.name == "postgresql"
         statement = fairest(self.model, self.fair_aging, indexed)
-        best = connection.execute(statement, {"skip": sorted(skip)}).one_or_none()
+        best = connection.execute(statement, skipping(skip)).one_or_none()
         if best is None or not self.prefix_aware:
             return None if best is None else best.id  # type: ignore[no-any-return]
         submitted = Submitted(self.model, skip, *best[2:], indexed)
@@ -275,7 +275,7 @@ class JobStore:
         workers' runs' and what their heartbeats published."""
         mine, others = set(self.held_prefixes()), set()
         for key, here, published in connection.execute(
-            prefix_holders(self.model), {"skip": sorted(skip), "worker_id": worker_id}
+            prefix_holders(self.model), skipping(skip) | {"worker_id": worker_id}
         ):
             (mine if here else others).add(key)
             others.update(published or ())
