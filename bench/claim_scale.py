@@ -11,8 +11,10 @@ batches' prefix keys: other workers hold those). Then it times
 - baseline: ``ORDER BY fair_order(...) LIMIT 1`` over every queued row (the pick before the index);
 - indexed: ``worker/fair.fairest`` (a skip scan of ``ix_jobs_fair_heads``, one head per group);
 then ``--picks`` whole picks (``JobStore.pick`` with prefix-aware order: the running jobs read, the
-fairest found, the rows submitted with it probed for a held prefix) and ``--picks`` claims (pick + the
-``UPDATE``, the row taken each time). Each indexed answer is checked against the baseline's. Prints
+fairest found, the rows submitted with it probed for a held prefix), ``--picks`` two-step claims (``pick``
+then ``claim`` in a second transaction: the claim before ``take``) and ``--picks`` claims as the worker
+makes them (``JobStore.take``: pick and ``UPDATE`` in one transaction), the row taken each time.
+Each indexed answer is checked against the baseline's. Prints
 median/p95 ms and the baseline / indexed ratio of medians.
 """
 
@@ -34,11 +36,11 @@ from core import keys
 from core.db import make_db_engine, make_sessionmaker
 from core.models import FRESH_RESULTS, Job, utcnow
 from core.states import JobStatus
-from worker.fair import fair_order, fairest
+from worker.fair import fair_order, fairest, skipping
 from worker.store import JobStore
 
 DATABASE, MODEL, AGING, KEYS = "pagedq_bench_claim_scale", "bench", 30.0, 12
-WIDTHS = (8, 12, 11, 13, 9, 7)
+WIDTHS = (8, 13, 11, 11, 11, 11, 6)
 
 
 def main() -> None:
@@ -47,7 +49,7 @@ def main() -> None:
     parser.add_argument("--picks", type=int, default=30)
     parser.add_argument("--url", default="postgresql://postgres@127.0.0.1:5432")
     args = parser.parse_args()
-    columns = ("queued", "baseline ms", "indexed ms", "pick ms", "claim ms", "x")
+    columns = ("queued", "baseline ms", "indexed ms", "pick ms", "2-step ms", "claim ms", "x")
     print(" ".join(f"{name:>{width}}" for name, width in zip(columns, WIDTHS, strict=True)))
     try:
         for size in (int(s) for s in args.sizes.split(",")):
@@ -70,7 +72,7 @@ def measure(url: str, size: int, picks: int) -> None:
             baseline = select(Job.id).where(Job.model == MODEL, Job.status == JobStatus.QUEUED)
             baseline = baseline.where(Job.cancel_requested.is_(False))
             baseline = baseline.order_by(*fair_order(held, AGING)).limit(1)
-            indexed = fairest(MODEL, (), held, AGING, indexed=True)
+            indexed = fairest(MODEL, AGING, indexed=True).params(skipping(()))
             want = session.scalar(baseline)
             times: dict[str, list[float]] = {"baseline": [], "indexed": []}
             for _ in range(picks):
@@ -80,17 +82,24 @@ def measure(url: str, size: int, picks: int) -> None:
                     times[name].append(took)
         times["pick"] = [timed(lambda: store.pick("any", set()))[0] for _ in range(picks)]
         claims = [timed(lambda: claim_one(store))[0] for _ in range(picks)]
+        takes = [timed(lambda: take_one(store))[0] for _ in range(picks)]
         median = {name: statistics.median(values) for name, values in times.items()}
         ratio = median["baseline"] / median["indexed"]
-        cells = (size, *(show(times[name]) for name in times), show(claims), f"{ratio:.0f}x")
+        cells = (size, *(show(times[name]) for name in times), show(claims), show(takes), f"{ratio:.0f}x")
         print(" ".join(f"{cell:>{width}}" for cell, width in zip(cells, WIDTHS, strict=True)), flush=True)
     finally:
         engine.dispose()
 
 
 def claim_one(store: JobStore) -> None:
-    """What a ticket does: pick the fairest job, take it."""
+    """A ticket before ``take``: pick the fairest job, then claim it in a second transaction."""
     assert store.claim(store.pick("any", set()) or "none", "bench-worker") is not None
+
+
+def take_one(store: JobStore) -> None:
+    """What a ticket does (worker/claimer.py): pick the fairest job and claim it in one transaction."""
+    picked, job = store.take("any", set(), "bench-worker", lambda _: True)
+    assert job is not None and job.id == picked
 
 
 def timed(call: Callable[[], Any]) -> tuple[float, Any]:

@@ -61,18 +61,30 @@ class Claimer:
         failures, target, chosen = 0, None, False
         try:
             while not self.drain.started:
+                taken: list[str] = []  # the job reserved within ``take``, if it got so far
                 try:
                     if target is None:
-                        reserved, failures = self._reserve(job_id), 0
-                        if reserved is None:  # a duplicate message another thread is claiming
-                            return RunResult.SKIPPED
-                        target, chosen = reserved
-                        continue  # reserving may have waited for a run of the job, and a drain begun
-                    with self.turns:
-                        job = self.store.claim(target, self.worker_id, retry=failures > 0)
+                        with self.turns:
+                            skip = self.flights.claimed_or_held()
+                            picked, job = self.store.take(
+                                job_id, skip, self.worker_id, self._reserving(taken)
+                            )
+                        failures = 0
+                        if not taken:  # reserving must wait, or be refused: the slow way
+                            reserved = self._reserve(job_id, picked)
+                            if reserved is None:  # a duplicate message another thread is claiming
+                                return RunResult.SKIPPED
+                            target, chosen = reserved
+                            continue  # reserving may have waited for a run of the job, and a drain begun
+                        target, chosen = taken[0], self.store.fair
+                    else:
+                        with self.turns:
+                            job = self.store.claim(target, self.worker_id, retry=failures > 0)
                 except SQLAlchemyError as error:
                     if not database_away(error):
                         raise
+                    if taken:  # its claim's commit may have landed: the retry takes over its run
+                        target, chosen = taken[0], self.store.fair
                     failures += 1
                     level = logging.WARNING if failures == 1 else logging.DEBUG  # the flusher logs the outage
                     logger.log(
@@ -96,20 +108,33 @@ class Claimer:
             if target is not None:
                 self.flights.unreserve(target)
 
-    def _reserve(self, job_id: str) -> tuple[str, bool] | None:
+    def _reserving(self, taken: list[str]) -> Callable[[str], bool]:
+        """``take``'s mark on its pick, in the same turn: only a job neither claimed nor held here, so that
+        nothing need wait; the job marked is appended to ``taken``."""
+
+        def reserve(job_id: str) -> bool:
+            if self.drain.started or not self.flights.reserve(job_id, unless_held=True):
+                return False
+            taken.append(job_id)
+            return True
+
+        return reserve
+
+    def _reserve(self, job_id: str, chosen: str | None) -> tuple[str, bool] | None:
         """The job this message's thread will claim, marked as being claimed, and whether fair share chose
-        it; None if another thread is claiming the message's own job (a duplicate message)."""
+        it; None if another thread is claiming the message's own job (a duplicate message). ``chosen``:
+        what the last pick chose."""
         while True:
-            with self.turns:  # what the others reserved while this thread waited for its turn counts
-                chosen = self.store.pick(job_id, self.flights.claimed_or_held(), self.worker_id)
             if chosen is not None and chosen != job_id:
                 if self.flights.reserve(chosen, unless_held=True):
                     return chosen, True
-                continue  # another thread took it meanwhile: choose again
-            held = self.flights.held(job_id)
-            if held is not None:  # a duplicate message, or a requeue of a run still held: it ends first
-                held.done.wait()
-            if self.flights.reserve(job_id, unless_held=False):
-                return job_id, chosen is not None and self.store.fair
-            if chosen is None or not self.store.fair:
-                return None
+            else:
+                held = self.flights.held(job_id)
+                if held is not None:  # a duplicate message, or a requeue of a run still held: it ends first
+                    held.done.wait()
+                if self.flights.reserve(job_id, unless_held=False):
+                    return job_id, chosen is not None and self.store.fair
+                if chosen is None or not self.store.fair:
+                    return None
+            with self.turns:  # what the others reserved while this thread waited for its turn counts
+                chosen = self.store.pick(job_id, self.flights.claimed_or_held(), self.worker_id)

@@ -30,15 +30,18 @@ per group (owners x priorities x windows in the queue), not per queued job.
 from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from functools import cache
 
 from sqlalchemy import (
     BigInteger,
     Integer,
     Select,
+    bindparam,
     case,
     cast,
     column,
     extract,
+    func,
     literal,
     literal_column,
     not_,
@@ -51,6 +54,7 @@ from sqlalchemy import (
 from sqlalchemy.sql import ColumnElement
 
 from core.models import Job
+from core.states import JobStatus
 
 # A group of queued jobs: owner (NULL, auth off, is '' here), priority, window (none: -1 s).
 GROUP = (
@@ -95,17 +99,41 @@ def fair_order(
     return [*order, Job.id]
 
 
+# The ids of ``skip``, bound when a statement runs (``skipping``), so that it is built once per model. Twice:
+# an expanding parameter renders an empty list once for all its uses, right for IN or for NOT IN, not both.
+SKIP, SKIP_HELD = bindparam("skip", expanding=True), bindparam("skip_held", expanding=True)
+
+
+def skipping(skip: Collection[str]) -> dict[str, list[str]]:
+    """The parameters of ``fairest`` (and of other statements with ``SKIP``)."""
+    ids = sorted(skip)
+    return {"skip": ids, "skip_held": ids}
+
+
+@cache
 def fairest(
-    model: str, skip: Collection[str], running: dict[str | None, int], aging: float, indexed: bool
+    model: str, aging: float, indexed: bool
 ) -> Select[tuple[str, int | None, str | None, int, datetime | None, datetime]]:
-    """The fairest queued job of ``model`` but those in ``skip`` (steps 1-4 and 6: no prefix preference),
-    with what ``Submitted`` needs; ``indexed``: through the groups' heads (PostgreSQL), else by ordering
-    every queued row (SQLite, the embedded mode's few)."""
-    queued = _queued(model, skip)
+    """The fairest queued job of ``model`` but those in ``skip`` (bound: ``skipping``; steps 1-4
+    and 6, no prefix preference), with what ``Submitted`` needs; ``indexed``: through the groups' heads
+    (PostgreSQL), else by ordering every queued row (SQLite, the embedded mode's few). Step 2's count is
+    read in the same statement: each key's jobs running on the model or in ``skip`` (being claimed here)."""
+    queued = [*_queued(model, ()), Job.id.not_in(SKIP)]
     candidates = _heads(model, queued) if indexed else select(Job.id).where(*queued)
+    owner = func.coalesce(Job.key_id, "")
+    held_here = or_(Job.status == JobStatus.RUNNING, Job.id.in_(SKIP_HELD))
+    held = select(owner.label("owner"), func.count().label("n")).where(Job.model == model, held_here)
+    held = held.group_by(owner).subquery("held")
+    aged = cast(extract("epoch", Job.queued_at) / aging, Integer)
+    order = (
+        Job.priority + aged,
+        func.coalesce(held.c.n, 0),
+        Job.deadline_at.asc().nulls_last(),
+        Job.queued_at,
+    )
     columns = (Job.id, Job.prefix_key, Job.key_id, Job.priority, Job.deadline_at, Job.queued_at)
-    statement = select(*columns).where(Job.id.in_(candidates)).order_by(*fair_order(running, aging))
-    return statement.limit(1)
+    statement = select(*columns).outerjoin(held, held.c.owner == owner).where(Job.id.in_(candidates))
+    return statement.order_by(*order, Job.id).limit(1)
 
 
 @dataclass(frozen=True)

@@ -4,25 +4,33 @@ Every write to a job is conditional on the attempt that claimed it, so a stale d
 redelivered message, a worker presumed dead) can never overwrite what the current run wrote.
 """
 
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from functools import cache
 from typing import Any
 
 from sqlalchemy import (
+    BigInteger,
+    CompoundSelect,
+    Connection,
     Insert,
     Integer,
     String,
     Text,
     and_,
     bindparam,
+    case,
     cast,
     delete,
+    false,
     func,
     literal,
+    null,
     or_,
     select,
+    union_all,
     update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
@@ -31,11 +39,11 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from core.choices import TokenLogprob
-from core.models import FRESH_RESULTS, Job, TokenTimes, Worker, storable, utcnow
+from core.models import FRESH_RESULTS, Job, JSONType, TokenTimes, Worker, storable, utcnow
 from core.states import JobStatus
 from core.timings import joined
 from core.webhooks import Outbox
-from worker.fair import Prefixes, Submitted, fairest
+from worker.fair import SKIP, Prefixes, Submitted, fairest, skipping
 
 
 def database_away(error: BaseException) -> bool:
@@ -155,6 +163,31 @@ RUN_WRITE = (
 )
 
 
+JOBS = Job.__table__
+# A claim's UPDATE, but for its WHERE and the worker's values: a new attempt with fresh results, but for
+# those a resumed run keeps (``KEPT_ON_CLAIM``). A first attempt (attempt 0 before) records its run here.
+FIRST_RUN = [{"attempt": 1, "resumed_from_token": 0}]
+CLAIM = (
+    update(JOBS)
+    .values(
+        status=JobStatus.RUNNING,
+        attempt=JOBS.c.attempt + 1,
+        runs=case((JOBS.c.attempt == 0, literal(FIRST_RUN, JOBS.c.runs.type)), else_=JOBS.c.runs),
+        **{key: value for key, value in FRESH_RESULTS.items() if key not in KEPT_ON_CLAIM},
+    )
+    .returning(
+        JOBS.c.attempt,
+        JOBS.c.prompt_token_ids,
+        JOBS.c.params,
+        JOBS.c.priority,
+        JOBS.c.batch_id.is_not(None),
+        JOBS.c.prefix_key,
+        *(JOBS.c[key] for key in KEPT_ON_CLAIM),
+        JOBS.c.runs,
+    )
+)
+
+
 def append_token_times(dialect: str) -> Insert:
     """A chunk of new token times; the same chunk again (a retry after an unknown outcome) replaces it."""
     statement = (postgresql.insert if dialect == "postgresql" else sqlite.insert)(TokenTimes)
@@ -162,6 +195,18 @@ def append_token_times(dialect: str) -> Insert:
         index_elements=["job_id", "attempt", "first"],
         set_={"times_ms": statement.excluded.times_ms, "token_ids": statement.excluded.token_ids},
     )
+
+
+@cache
+def prefix_holders(model: str) -> CompoundSelect:
+    """One read for step 5's ``Prefixes``: the prefix key of each job of ``model`` running or in ``skip``
+    (bound; ``here``: in it), then each other worker's published keys (``worker_id`` bound: this one's)."""
+    here = Job.id.in_(SKIP)
+    running = select(Job.prefix_key, here.label("here"), cast(null(), JSONType).label("published"))
+    running = running.where(Job.model == model, or_(Job.status == JobStatus.RUNNING, here))
+    others = Worker.model == model, Worker.id != bindparam("worker_id")
+    published = select(cast(null(), BigInteger), false(), Worker.prefix_keys).where(*others)
+    return union_all(running, published)
 
 
 def _preferred(session: Session, rows: Submitted, best: Row[Any], prefixes: Prefixes) -> str:
@@ -200,27 +245,40 @@ class JobStore:
         if self.fair_aging is None:
             return job_id
         with self.sessions() as session:
-            held_here = or_(Job.status == JobStatus.RUNNING, Job.id.in_(skip))
-            running = select(Job.id, Job.key_id, Job.prefix_key).where(Job.model == self.model, held_here)
-            rows = session.execute(running).all()
-            held = Counter(row.key_id for row in rows)
-            indexed = session.get_bind().dialect.name == "postgresql"
-            best = session.execute(fairest(self.model, skip, held, self.fair_aging, indexed)).one_or_none()
-            if best is None or not self.prefix_aware:
-                return None if best is None else best.id
-            submitted = Submitted(self.model, skip, *best[2:], indexed)
-            return _preferred(session, submitted, best, self._prefixes(session, rows, skip, worker_id))
+            return self._pick(session, skip, worker_id)
 
-    def _prefixes(
-        self, session: Session, running: list[Row[Any]], skip: set[str], worker_id: str
-    ) -> Prefixes:
+    def take(
+        self, job_id: str, skip: set[str], worker_id: str, reserve: Callable[[str], bool]
+    ) -> tuple[str | None, ClaimedJob | None]:
+        """``pick`` and ``claim`` in one transaction (a claim's round trips are its cost, not its rows):
+        returns the job picked, and the job claimed once ``reserve`` (the caller's mark that it is being
+        claimed here) accepted the pick; None when it did not, or when the job was not queued any more."""
+        with self.sessions.begin() as session:
+            picked = job_id if self.fair_aging is None else self._pick(session, skip, worker_id)
+            if picked is None or not reserve(picked):
+                return picked, None
+            return picked, self._claim(session, picked, worker_id, retry=False)
+
+    def _pick(self, session: Session, skip: set[str], worker_id: str) -> str | None:
+        assert self.fair_aging is not None
+        connection = session.connection()
+        indexed = connection.dialect.name == "postgresql"
+        statement = fairest(self.model, self.fair_aging, indexed)
+        best = connection.execute(statement, skipping(skip)).one_or_none()
+        if best is None or not self.prefix_aware:
+            return None if best is None else best.id  # type: ignore[no-any-return]
+        submitted = Submitted(self.model, skip, *best[2:], indexed)
+        return _preferred(session, submitted, best, self._prefixes(connection, skip, worker_id))
+
+    def _prefixes(self, connection: Connection, skip: set[str], worker_id: str) -> Prefixes:
         """Held here: this worker's runs' prefix keys and its engine's cache; held elsewhere: the other
         workers' runs' and what their heartbeats published."""
-        mine = {row.prefix_key for row in running if row.id in skip} | self.held_prefixes()
-        others = {row.prefix_key for row in running if row.id not in skip}
-        published = select(Worker.prefix_keys).where(Worker.model == self.model, Worker.id != worker_id)
-        for keys in session.scalars(published):
-            others.update(keys or ())
+        mine, others = set(self.held_prefixes()), set()
+        for key, here, published in connection.execute(
+            prefix_holders(self.model), skipping(skip) | {"worker_id": worker_id}
+        ):
+            (mine if here else others).add(key)
+            others.update(published or ())
         return Prefixes(frozenset(mine - {None}), frozenset(others - mine - {None}))
 
     def claim(self, job_id: str, worker_id: str, retry: bool = False) -> ClaimedJob | None:
@@ -229,44 +287,32 @@ class JobStore:
         ``retry``: a try of this worker failed, and its commit may have landed with the answer lost, so a
         run of this worker's is taken over too (the caller holds no run of the job).
         """
-        claimable = Job.status == JobStatus.QUEUED
-        if retry:
-            claimable = or_(claimable, and_(Job.status == JobStatus.RUNNING, Job.worker_id == worker_id))
-        fresh = {key: value for key, value in FRESH_RESULTS.items() if key not in KEPT_ON_CLAIM}
-        statement = (
-            update(Job)
-            .where(Job.id == job_id, claimable, Job.cancel_requested.is_(False))
-            .values(
-                status=JobStatus.RUNNING,
-                attempt=Job.attempt + 1,
-                worker_id=worker_id,
-                served_by=self.served_by,
-                **fresh,
-            )
-            .returning(
-                Job.attempt,
-                Job.prompt_token_ids,
-                Job.params,
-                Job.priority,
-                Job.batch_id.is_not(None),
-                Job.prefix_key,
-                *(Job.__table__.c[key] for key in KEPT_ON_CLAIM),
-                Job.runs,
-            )
-        )
         with self.sessions.begin() as session:
-            row = session.execute(statement).one_or_none()
-            if row is None:
-                return None
-            attempt, prompt, params, priority, in_batch, prefix_key, *kept, runs = row
+            return self._claim(session, job_id, worker_id, retry)
+
+    def _claim(self, session: Session, job_id: str, worker_id: str, retry: bool) -> ClaimedJob | None:
+        """A job's first run (attempt 0 before: nothing to resume, its results still fresh) is one
+        UPDATE, its ``runs`` written there; a later run then finds what it resumes, and records it."""
+        claimable = JOBS.c.status == JobStatus.QUEUED
+        if retry:
+            claimable = or_(
+                claimable, and_(JOBS.c.status == JobStatus.RUNNING, JOBS.c.worker_id == worker_id)
+            )
+        statement = CLAIM.where(JOBS.c.id == job_id, claimable, JOBS.c.cancel_requested.is_(False))
+        values = {"worker_id": worker_id, "served_by": self.served_by}
+        row = session.connection().execute(statement.values(**values)).one_or_none()
+        if row is None:
+            return None
+        attempt, prompt, params, priority, in_batch, prefix_key, *kept, runs = row
+        resume = None
+        if attempt > 1:
             resume = self._resume(
                 session, job_id, attempt, params, dict(zip(KEPT_ON_CLAIM, kept, strict=True))
             )
             start = {"attempt": attempt, "resumed_from_token": len(resume.token_ids) if resume else 0}
             restart = {} if resume else {key: FRESH_RESULTS[key] for key in KEPT_ON_CLAIM}
-            session.execute(
-                update(Job).where(Job.id == job_id).values(runs=[*(runs or []), start], **restart)
-            )
+            appended = JOBS.update().where(JOBS.c.id == job_id).values(runs=[*(runs or []), start], **restart)
+            session.execute(appended)
         return ClaimedJob(job_id, attempt, prompt, params, priority, in_batch, resume, prefix_key)
 
     @staticmethod

@@ -148,3 +148,21 @@ def test_a_claim_waits_out_a_database_that_is_away_and_then_claims(service_setti
     assert isinstance(run, Flight) and run.job.id == job_id and run.job.attempt == 1
     assert retries[:2] == [1, 2]  # backing off a step further each time
     assert row(store, job_id).status == JobStatus.RUNNING
+
+
+def test_tickets_claiming_at_once_each_take_a_different_job_and_record_its_one_run(store):
+    """Sixteen tickets at once, four turns: picks race (a pick another thread reserved first goes the slow
+    way, picking again), yet each ticket takes its own job, once, its first run recorded by its claim."""
+    store.fair_aging = 3600.0  # no aging step between jobs submitted within the same second
+    jobs = [add_job(store, priority=i % 3) for i in range(24)]
+    pool_thread = claimer(store)
+    with ThreadPoolExecutor(16) as pool:
+        claims = list(pool.map(pool_thread.claim, jobs[:16]))
+    assert all(isinstance(claim, Flight) for claim in claims)
+    taken = [claim.job.id for claim in claims if isinstance(claim, Flight)]
+    assert len(set(taken)) == 16 and pool_thread.flights.claimed_or_held() == set(taken)
+    for job_id in taken:
+        claimed = row(store, job_id)
+        assert (claimed.status, claimed.attempt, claimed.worker_id) == (JobStatus.RUNNING, 1, "w1")
+        assert claimed.runs == [{"attempt": 1, "resumed_from_token": 0}]
+    assert sorted(row(store, job_id).priority for job_id in set(jobs) - set(taken)) == [2] * 8

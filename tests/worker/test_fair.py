@@ -20,7 +20,7 @@ from core.settings import Settings
 from core.states import JobStatus
 from migrations import upgrade
 from tests.support.roles import MODEL
-from worker.fair import Prefixes, fair_order, fairest
+from worker.fair import Prefixes, fair_order, fairest, skipping
 from worker.store import JobStore
 
 AGING = 30.0
@@ -170,7 +170,7 @@ def test_the_pick_reads_a_few_rows_per_group_not_every_queued_row(store):
             session.add_all(job(key, 10, at, at + timedelta(hours=hours), i % 7) for i in range(1250))
     with store.sessions() as session:
         session.execute(text("ANALYZE jobs"))
-        statement = fairest(MODEL, {"job_none"}, {owner: 2}, AGING, indexed=True)
+        statement = fairest(MODEL, AGING, indexed=True).params(skipping({"job_none"}))
         sql = str(statement.compile(session.get_bind(), compile_kwargs={"literal_binds": True}))
         plan = session.execute(text("EXPLAIN (ANALYZE, FORMAT JSON) " + sql.replace("%", "%%"))).scalar()
     nodes = list(walk((json.loads(plan) if isinstance(plan, str) else plan)[0]["Plan"]))
@@ -183,3 +183,42 @@ def walk(node: dict) -> Iterator[dict]:
     yield node
     for child in node.get("Plans", []):
         yield from walk(child)
+
+
+@pytest.mark.parametrize("dialect", ["postgresql", "sqlite"])
+def test_a_prefix_another_worker_published_goes_last_but_not_this_worker_s_own(request, dialect):
+    """Step 5 reads the other workers' heartbeats with the runs: a line whose prefix another worker's engine
+    published waits for the others; what this worker published itself (its own row) is not another's."""
+    store = request.getfixturevalue("store" if dialect == "postgresql" else "sqlite_store")
+    store.prefix_aware = True
+    now, elsewhere, here, free = utcnow(), 1, 2, 3
+    with store.sessions.begin() as session:
+        lines = [job(None, 10, now, now + timedelta(hours=1), key) for key in (elsewhere, here, free)]
+        for number, line in enumerate(lines):
+            line.id = f"job_{number}"  # by id: the line held elsewhere first
+        session.add_all(lines)
+    store.heartbeat("w-other", {}, prefix_keys=[elsewhere])
+    store.heartbeat("w-here", {}, prefix_keys=[here])
+    order = []
+    while (picked := store.pick("any", set(), "w-here")) is not None:
+        order.append(next(line.prefix_key for line in lines if line.id == picked))
+        assert store.claim(picked, "w-here") is not None
+    assert order == [here, free, elsewhere]
+
+
+@pytest.mark.parametrize("dialect", ["postgresql", "sqlite"])
+@pytest.mark.parametrize("skip", [False, True])
+def test_a_key_s_count_is_its_running_jobs_and_the_ones_being_claimed_not_its_queued(request, dialect, skip):
+    """Step 2's count is read in the fairest statement: one key has a running job (or one being claimed
+    here, ``skip``) and a queued one; the other, three queued jobs and nothing running: the other key's
+    first job (by id: all were submitted at once) is the fairest, with ``skip`` empty or not."""
+    store = request.getfixturevalue("store" if dialect == "postgresql" else "sqlite_store")
+    now = utcnow()
+    with store.sessions.begin() as session:
+        owners = [keys.create(session, name)[0].id for name in ("busy", "idle")]
+        session.flush()
+        held, busy = job(owners[0], 10, now, None, None), job(owners[0], 10, now, None, None)
+        held.status = JobStatus.QUEUED if skip else JobStatus.RUNNING
+        idle = [job(owners[1], 10, now, None, None) for _ in range(3)]
+        session.add_all([held, busy, *idle])
+    assert store.pick("any", {held.id} if skip else set()) == min(line.id for line in idle)
