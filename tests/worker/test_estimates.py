@@ -77,12 +77,12 @@ def test_the_estimate_is_the_work_ahead_over_the_measured_rate_and_a_late_batch_
         session.add_all([*done, *lines, online, later])
     estimator = Estimator(Outbox(service_settings, None))  # type: ignore[arg-type]
     with sessions.begin() as session:
-        assert estimator.estimate(session) == []  # an hour of window, 73 s of work left: not at risk
+        assert estimator.estimate(session) == []  # an hour of window, 71 s of work left: not at risk
     with sessions() as session:
         batch = session.get_one(Batch, batch.id)
-        # 4 x 50 tokens of work done in ~100 s: 2 a second; left: 4 x 20 + (20 - 4) + 50 = 146 tokens.
+        # 4 x 50 tokens of work done in ~100 s: 2 a second; left: 4 x 20 + 20 x 6/10 + 50 = 142 tokens.
         seconds = (batch.estimated_completion_at - now).total_seconds()
-        assert 146 / 2 - 1 < seconds < 146 / 2 + 1, seconds
+        assert 142 / 2 - 1 < seconds < 142 / 2 + 1, seconds
         view = BatchOut.of(batch, tally(session, [batch.id])[batch.id])
         assert (
             view.estimated_completion_at == int(batch.estimated_completion_at.timestamp())
@@ -101,3 +101,39 @@ def test_the_estimate_is_the_work_ahead_over_the_measured_rate_and_a_late_batch_
         )
         assert batch.at_risk_at is not None and session.scalar(events) == 1  # once, however many rounds
         assert BatchOut.of(batch, tally(session, [batch.id])[batch.id]).at_risk
+
+
+def test_before_any_job_ends_the_rate_is_what_the_running_jobs_have_generated(service_settings, sessions):
+    now = utcnow()
+    with sessions.begin() as session:
+        upload = File(purpose="batch", filename="in.jsonl", bytes=1, content=b"x")
+        session.add(upload)
+        session.flush()
+        batch = Batch(
+            status=BatchStatus.IN_PROGRESS,
+            endpoint="/v1/completions",
+            model=MODEL,
+            input_file_id=upload.id,
+            completion_window="1h",
+            created_at=now,
+            expires_at=now + timedelta(hours=1),
+            total=8,
+        )
+        session.add(batch)
+        session.flush()
+        started = now - timedelta(seconds=100)
+        line = {"batch_id": batch.id, "priority": 10, "queued_at": now}
+        running = [  # half way each: 4 x 50 x 15/30 = 100 tokens of work in 100 s
+            job(JobStatus.RUNNING, 20, 30, started_at=started, completion_tokens=15, **line) for _ in range(4)
+        ]
+        queued = [job(JobStatus.QUEUED, 20, 30, **line) for _ in range(4)]
+        session.add_all([*running, *queued])
+    with sessions.begin() as session:
+        Estimator(Outbox(service_settings, None)).estimate(session)  # type: ignore[arg-type]
+    with sessions() as session:
+        estimated = session.get_one(Batch, batch.id).estimated_completion_at
+        # 1 token of work a second; left: 4 x 25 + 4 x 50 = 300 tokens. Counting only ended jobs there
+        # would be no rate at all; counting them once one of the four ended, a quarter of the real one.
+        assert estimated is not None
+        seconds = (estimated - now).total_seconds()
+        assert 300 - 3 < seconds < 300 + 3, seconds
