@@ -1,20 +1,21 @@
 """A running batch's estimated end, every reconcile round, and its one ``batch.at_risk`` event.
 
-Work is counted in one unit on both sides: a job's ``prompt_tokens + max_tokens``, of which an unfinished
-job has done the share of its max tokens it has generated. The model's rate is that work, done by its
-jobs that ended or ran in the last ``RATE_WINDOW``, over the time since the first of them started, so it
-is what the model's workers did lately, whatever their number, their seats or their prefix cache hits.
-A batch's remaining work is its own unfinished jobs' and that of every unfinished job of its model
-ranked as well or better (``priority + queued_at // aging``, fair share's first step: what runs before
-it or beside it); its ``estimated_completion_at`` is now + that work / the rate. Jobs that arrive later
-with a better rank will push it back: it is an estimate, redone every round. A batch whose estimate is
-past its ``expires_at`` is at risk: ``at_risk_at`` is set and ``batch.at_risk`` recorded, once.
+Work is counted in one unit on both sides: a job's ``prompt_tokens + max_tokens``, of which an
+unfinished job has done its prompt once its first token came and the tokens it has generated. The
+model's rate is that work, done by its jobs that ended or ran in the last ``RATE_WINDOW``, over the time
+since the first of them started, so it is what the model's workers did lately, whatever their number,
+their seats or their prefix cache hits. A batch's remaining work is its own unfinished jobs' and that of
+every unfinished job of its model ranked as well or better (``priority + queued_at // aging``, fair
+share's first step: what runs before it or beside it); its ``estimated_completion_at`` is now + that
+work / the rate. Jobs that arrive later with a better rank will push it back: it is an estimate, redone
+every round. A batch whose estimate is past its ``expires_at`` is at risk: ``at_risk_at`` is set and
+``batch.at_risk`` recorded, once.
 """
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import Float, Integer, and_, case, cast, extract, func, or_, select
+from sqlalchemy import Integer, and_, case, cast, extract, func, or_, select
 from sqlalchemy.orm import Session
 
 from core.models import Batch, Job, utcnow
@@ -50,11 +51,13 @@ class Estimator:
         return deliveries
 
 
-# A job's work: its prompt and max tokens; the share of it an unfinished job has done: the share of its
-# max tokens it has generated (so a running job's work counts as it goes, not all at once when it ends).
+# A job's work: its prompt and max tokens; what an unfinished one has done of it: its prompt once its first
+# token came (the prefill is over), and the tokens it generated (so a running job's work counts as it goes).
 MAX_TOKENS = func.coalesce(Job.params["max_tokens"].as_integer(), 0)
 WORK = Job.prompt_tokens + MAX_TOKENS
-SHARE_DONE = func.least(cast(Job.completion_tokens, Float) / func.greatest(MAX_TOKENS, 1), 1.0)
+DONE = case(
+    (Job.first_token_at.is_(None), 0), else_=Job.prompt_tokens + func.least(Job.completion_tokens, MAX_TOKENS)
+)
 
 
 def rate(session: Session, model: str, now: datetime) -> float | None:
@@ -65,7 +68,7 @@ def rate(session: Session, model: str, now: datetime) -> float | None:
     since = now - RATE_WINDOW
     ended = Job.finished_at > since
     running = and_(Job.status == JobStatus.RUNNING, Job.started_at > since)
-    done = func.sum(case((Job.status == JobStatus.RUNNING, WORK * SHARE_DONE), else_=WORK))
+    done = func.sum(case((Job.status == JobStatus.RUNNING, DONE), else_=WORK))
     lately = (Job.model == model, Job.started_at.is_not(None), or_(ended, running))
     work, first = session.execute(select(done, func.min(Job.started_at)).where(*lately)).one()
     if not work or first is None:
@@ -78,5 +81,5 @@ def remaining(session: Session, batch: Batch, aging: float) -> float:
     rank = Job.priority + cast(extract("epoch", Job.queued_at) / aging, Integer)
     own = select(rank).where(Job.batch_id == batch.id).limit(1).scalar_subquery()
     ahead = (Job.model == batch.model, Job.status.in_(UNFINISHED), rank <= own)
-    left = func.sum(WORK * (1 - SHARE_DONE))
+    left = func.sum(WORK - DONE)
     return float(session.scalar(select(func.coalesce(left, 0)).where(*ahead)) or 0)
