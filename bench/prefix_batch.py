@@ -1,10 +1,10 @@
 """Prefix-aware order: a batch of many questions about a few documents, shuffled, on a small KV cache.
 
-    python bench/prefix_batch.py [--model DIR] [--docs 20] [--questions 100] [--doc-words 750]
-        [--max-tokens 16] [--seats 16] [--kv-cache-mib 192] [--workers 1,2] [--logs DIR]
+    python -m bench.prefix_batch [--model DIR] [--docs 20] [--questions 100] [--doc-words 750]
+        [--max-tokens 16] [--seats 16] [--kv-cache-mib 192] [--workers 1,2] [--keep]
 
 Needs PostgreSQL and Redis as the tests use them. For each worker count and each mode it starts its own
-``pagedq api`` and that many ``pagedq worker`` processes on a fresh database (the fair-share bench's), and
+``pagedq api`` and that many ``pagedq worker`` processes (bench/stack.py) on a fresh database, and
 sends one batch of ``--docs`` x ``--questions`` completions lines (a document of ``--doc-words`` words,
 about 1,000 tokens at the default, then a question), shuffled, ``max_tokens`` 16, with a KV cache of
 ``--kv-cache-mib`` per worker, too small to hold every document at once:
@@ -19,21 +19,13 @@ import json
 import os
 import platform
 import random
-import sys
-import tempfile
 import time
-from pathlib import Path
 
 import httpx
-import psycopg
+from sqlalchemy import text
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from fair_share import ADMIN_URL, DATABASE, bearer, fresh_settings, wait_worker  # noqa: E402
-from service_overhead import start  # noqa: E402
-
-from contract.engine import DEFAULT_MODEL  # noqa: E402
+from bench.stack import BENCH_REDIS_URL, Shared, service_stack
+from contract.engine import DEFAULT_MODEL
 
 MODES = {"off": {"prefix_aware_order": False}, "on": {"prefix_aware_order": True}}
 WORDS = ("river", "stone", "market", "winter", "lantern", "harbor", "copper", "meadow", "signal", "orchard")
@@ -62,18 +54,15 @@ def batch_file(args: argparse.Namespace) -> bytes:
     return "".join(json.dumps(line) + "\n" for line in lines).encode()
 
 
-def run(mode: str, workers: int, args: argparse.Namespace, data: bytes, logs: Path) -> tuple[float, float]:
+def run(mode: str, workers: int, args: argparse.Namespace, data: bytes) -> tuple[float, float]:
     """(seconds, cached share) of one batch."""
-    kv = {"kv_cache_bytes": args.kv_cache_mib << 20, "max_num_seqs": args.seats}
-    settings, key, _, admin_key = fresh_settings(args.model, **kv, **MODES[mode])
-    url, database_url = f"http://127.0.0.1:{settings.port}", ADMIN_URL.rsplit("/", 1)[0] + f"/{DATABASE}"
-    processes = [start("api", settings, logs / f"api-{mode}-{workers}.log")]
-    processes += [
-        start("worker", settings, logs / f"worker-{mode}-{workers}-{i}.log") for i in range(workers)
-    ]
-    try:
-        wait_worker(url, admin_key)
-        with httpx.Client(base_url=url, headers=bearer(key), timeout=600) as client:
+    fields = {"model": args.model, "kv_cache_bytes": args.kv_cache_mib << 20, "max_num_seqs": args.seats}
+    shared = Shared("pagedq_bench_prefix", BENCH_REDIS_URL)  # a database of its own, made afresh
+    with service_stack(shared, keep=args.keep, **fields, **MODES[mode]) as stack:
+        _, url = stack.api()
+        for i in range(workers):
+            stack.worker(f"worker-{mode}-{workers}-{i}")
+        with httpx.Client(base_url=url, timeout=600) as client:
             file = client.post("/v1/files", files={"file": ("q.jsonl", data)}, data={"purpose": "batch"})
             body = {
                 "input_file_id": file.json()["id"],
@@ -85,17 +74,15 @@ def run(mode: str, workers: int, args: argparse.Namespace, data: bytes, logs: Pa
                 time.sleep(1)
         if status != "completed":
             raise SystemExit(f"the batch ended {status}")
-        with psycopg.connect(database_url) as db:
+        with stack.db.engine.connect() as db:
             seconds, cached, prompt = db.execute(
-                "SELECT extract(epoch FROM max(finished_at) - min(started_at)), sum(cached_tokens),"
-                " sum(prompt_tokens) FROM jobs WHERE batch_id = %s",
-                [batch_id],
-            ).fetchone()
+                text(
+                    "SELECT extract(epoch FROM max(finished_at) - min(started_at)), sum(cached_tokens),"
+                    " sum(prompt_tokens) FROM jobs WHERE batch_id = :batch"
+                ),
+                {"batch": batch_id},
+            ).one()
         return float(seconds), float(cached) / float(prompt)
-    finally:
-        for process in reversed(processes):
-            process.terminate()
-            process.wait(60)
 
 
 ENDED = {"completed", "failed", "expired", "cancelled"}
@@ -111,16 +98,13 @@ def main() -> None:
     parser.add_argument("--seats", type=int, default=16, help="PAGEDQ_MAX_NUM_SEQS of each worker")
     parser.add_argument("--kv-cache-mib", type=int, default=192, help="PAGEDQ_KV_CACHE_BYTES of each worker")
     parser.add_argument("--workers", default="1,2")
-    parser.add_argument("--logs", help="keep the API's and workers' logs in this folder")
+    parser.add_argument("--keep", action="store_true", help="keep the API's and workers' logs")
     args = parser.parse_args()
     data = batch_file(args)
     results: dict[tuple[int, str], tuple[float, float]] = {}
-    with tempfile.TemporaryDirectory() as temporary:
-        logs = Path(args.logs or temporary)
-        logs.mkdir(parents=True, exist_ok=True)
-        for workers in (int(n) for n in args.workers.split(",")):
-            for mode in MODES:
-                results[workers, mode] = run(mode, workers, args, data, logs)
+    for workers in (int(n) for n in args.workers.split(",")):
+        for mode in MODES:
+            results[workers, mode] = run(mode, workers, args, data)
     machine = f"{platform.node()} ({platform.machine()}, {os.cpu_count()} CPUs)"
     lines = args.docs * args.questions
     print(f"{machine}; model {args.model}; {args.docs} documents x {args.questions} questions, shuffled;")

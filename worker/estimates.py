@@ -1,20 +1,21 @@
 """A running batch's estimated end, every reconcile round, and its one ``batch.at_risk`` event.
 
-Work is counted in one unit on both sides: a job's ``prompt_tokens + max_tokens`` (less the tokens it has
-generated, while it runs). The model's rate is that work of its jobs that ended in the last
-``RATE_WINDOW`` over the time they took (from the first one's start), so it is what the model's workers
-did lately, whatever their number, their seats or their prefix cache hits. A batch's remaining work is
-its own unfinished jobs' and that of every unfinished job of its model ranked as well or better
-(``priority + queued_at // aging``, fair share's first step: what runs before it or beside it); its
-``estimated_completion_at`` is now + that work / the rate. Jobs that arrive later with a better rank
-will push it back: it is an estimate, redone every round. A batch whose estimate is past its
-``expires_at`` is at risk: ``at_risk_at`` is set and ``batch.at_risk`` recorded, once.
+Work is counted in one unit on both sides: a job's ``prompt_tokens + max_tokens``, of which an
+unfinished job has done its prompt once its first token came and the tokens it has generated. The
+model's rate is that work, done by its jobs that ended or ran in the last ``RATE_WINDOW``, over the time
+since the first of them started, so it is what the model's workers did lately, whatever their number,
+their seats or their prefix cache hits. A batch's remaining work is its own unfinished jobs' and that of
+every unfinished job of its model ranked as well or better (``priority + queued_at // aging``, fair
+share's first step: what runs before it or beside it); its ``estimated_completion_at`` is now + that
+work / the rate. Jobs that arrive later with a better rank will push it back: it is an estimate, redone
+every round. A batch whose estimate is past its ``expires_at`` is at risk: ``at_risk_at`` is set and
+``batch.at_risk`` recorded, once.
 """
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import Integer, cast, extract, func, select
+from sqlalchemy import Integer, and_, case, cast, extract, func, or_, select
 from sqlalchemy.orm import Session
 
 from core.models import Batch, Job, utcnow
@@ -50,17 +51,29 @@ class Estimator:
         return deliveries
 
 
-# A job's work: its prompt and max tokens.
-WORK = Job.prompt_tokens + func.coalesce(Job.params["max_tokens"].as_integer(), 0)
+# A job's work: its prompt and max tokens; what an unfinished one has done of it: its prompt once its first
+# token came (the prefill is over), and the tokens it generated (so a running job's work counts as it goes).
+MAX_TOKENS = func.coalesce(Job.params["max_tokens"].as_integer(), 0)
+WORK = Job.prompt_tokens + MAX_TOKENS
+DONE = case(
+    (Job.first_token_at.is_(None), 0), else_=Job.prompt_tokens + func.least(Job.completion_tokens, MAX_TOKENS)
+)
 
 
 def rate(session: Session, model: str, now: datetime) -> float | None:
-    """Work per second of the model's jobs that ended within ``RATE_WINDOW``."""
-    ended = (Job.model == model, Job.finished_at > now - RATE_WINDOW, Job.started_at.is_not(None))
-    done, since = session.execute(select(func.sum(WORK), func.min(Job.started_at)).where(*ended)).one()
-    if not done or since is None:
+    """Work per second of the model's jobs within ``RATE_WINDOW``: those that ended in it and the done
+    part of those running since it began, over the time since the first of them started. Without the
+    running ones a batch's first rate, once a single job has ended, would leave out the work of every
+    seat beside it."""
+    since = now - RATE_WINDOW
+    ended = Job.finished_at > since
+    running = and_(Job.status == JobStatus.RUNNING, Job.started_at > since)
+    done = func.sum(case((Job.status == JobStatus.RUNNING, DONE), else_=WORK))
+    lately = (Job.model == model, Job.started_at.is_not(None), or_(ended, running))
+    work, first = session.execute(select(done, func.min(Job.started_at)).where(*lately)).one()
+    if not work or first is None:
         return None
-    return float(done) / max((now - since).total_seconds(), 1.0)
+    return float(work) / max((now - first).total_seconds(), 1.0)
 
 
 def remaining(session: Session, batch: Batch, aging: float) -> float:
@@ -68,5 +81,5 @@ def remaining(session: Session, batch: Batch, aging: float) -> float:
     rank = Job.priority + cast(extract("epoch", Job.queued_at) / aging, Integer)
     own = select(rank).where(Job.batch_id == batch.id).limit(1).scalar_subquery()
     ahead = (Job.model == batch.model, Job.status.in_(UNFINISHED), rank <= own)
-    left = func.sum(WORK - Job.completion_tokens)  # a running job has done part of its work
+    left = func.sum(WORK - DONE)
     return float(session.scalar(select(func.coalesce(left, 0)).where(*ahead)) or 0)

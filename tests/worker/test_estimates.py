@@ -70,19 +70,28 @@ def test_the_estimate_is_the_work_ahead_over_the_measured_rate_and_a_late_batch_
             job(JobStatus.QUEUED, 10, 10, batch_id=batch.id, priority=10, queued_at=now) for _ in range(4)
         ]
         lines.append(
-            job(JobStatus.RUNNING, 10, 10, batch_id=batch.id, priority=10, queued_at=now, completion_tokens=4)
+            job(
+                JobStatus.RUNNING,
+                10,
+                10,
+                batch_id=batch.id,
+                priority=10,
+                queued_at=now,
+                first_token_at=now,
+                completion_tokens=4,
+            )
         )
         online = job(JobStatus.QUEUED, 30, 20, priority=0, queued_at=now)  # ranked before the batch
         later = job(JobStatus.QUEUED, 500, 500, priority=100, queued_at=now)  # ranked after it: not counted
         session.add_all([*done, *lines, online, later])
     estimator = Estimator(Outbox(service_settings, None))  # type: ignore[arg-type]
     with sessions.begin() as session:
-        assert estimator.estimate(session) == []  # an hour of window, 73 s of work left: not at risk
+        assert estimator.estimate(session) == []  # an hour of window, 68 s of work left: not at risk
     with sessions() as session:
         batch = session.get_one(Batch, batch.id)
-        # 4 x 50 tokens of work done in ~100 s: 2 a second; left: 4 x 20 + (20 - 4) + 50 = 146 tokens.
+        # 4 x 50 tokens of work done in ~100 s: 2 a second; left: 4 x 20 + (10 - 4) + 50 = 136 tokens.
         seconds = (batch.estimated_completion_at - now).total_seconds()
-        assert 146 / 2 - 1 < seconds < 146 / 2 + 1, seconds
+        assert 136 / 2 - 1 < seconds < 136 / 2 + 1, seconds
         view = BatchOut.of(batch, tally(session, [batch.id])[batch.id])
         assert (
             view.estimated_completion_at == int(batch.estimated_completion_at.timestamp())
@@ -101,3 +110,39 @@ def test_the_estimate_is_the_work_ahead_over_the_measured_rate_and_a_late_batch_
         )
         assert batch.at_risk_at is not None and session.scalar(events) == 1  # once, however many rounds
         assert BatchOut.of(batch, tally(session, [batch.id])[batch.id]).at_risk
+
+
+def test_before_any_job_ends_the_rate_is_what_the_running_jobs_have_generated(service_settings, sessions):
+    now = utcnow()
+    with sessions.begin() as session:
+        upload = File(purpose="batch", filename="in.jsonl", bytes=1, content=b"x")
+        session.add(upload)
+        session.flush()
+        batch = Batch(
+            status=BatchStatus.IN_PROGRESS,
+            endpoint="/v1/completions",
+            model=MODEL,
+            input_file_id=upload.id,
+            completion_window="1h",
+            created_at=now,
+            expires_at=now + timedelta(hours=1),
+            total=9,
+        )
+        session.add(batch)
+        session.flush()
+        started = now - timedelta(seconds=100)
+        line = {"batch_id": batch.id, "priority": 10, "queued_at": now}
+        decoding = {"started_at": started, "first_token_at": started, "completion_tokens": 15}
+        running = [job(JobStatus.RUNNING, 20, 30, **decoding, **line) for _ in range(4)]  # 4 x 35 done
+        prefilling = job(JobStatus.RUNNING, 20, 30, started_at=now, **line)  # no token yet: nothing done
+        queued = [job(JobStatus.QUEUED, 20, 30, **line) for _ in range(4)]
+        session.add_all([*running, prefilling, *queued])
+    with sessions.begin() as session:
+        Estimator(Outbox(service_settings, None)).estimate(session)  # type: ignore[arg-type]
+    with sessions() as session:
+        estimated = session.get_one(Batch, batch.id).estimated_completion_at
+        # 140 tokens of work in 100 s; left: 4 x 15 + 50 + 4 x 50 = 310 tokens, 221 s. Counting only
+        # ended jobs there would be no rate at all; once one of the four ended, a quarter of this one.
+        assert estimated is not None
+        seconds = (estimated - now).total_seconds()
+        assert 310 / 1.4 - 3 < seconds < 310 / 1.4 + 3, seconds
