@@ -1,10 +1,10 @@
 """Fair share: does a large batch of one key starve another key's online requests?
 
-    python bench/fair_share.py [--model DIR] [--lines 2000] [--online 20] [--max-tokens 16]
-        [--same-priority]
+    python -m bench.fair_share [--model DIR] [--lines 2000] [--online 20] [--max-tokens 16]
+        [--same-priority] [--keep]
 
-Needs PostgreSQL and Redis as the tests use them; starts its own ``pagedq api`` and ``pagedq worker``
-on a fresh database, twice:
+Starts its own ``pagedq api`` and ``pagedq worker`` (bench/stack.py) on a fresh database of the machine's
+PostgreSQL and Redis, twice:
 - off: ``PAGEDQ_FAIR_SHARE=false PAGEDQ_BATCH_PRIORITY=0``, the service before fair share (a message
   claims its own job, in broker order; a batch has the online requests' priority);
 - on: the defaults (a message claims the fairest queued job; batches default to priority 10).
@@ -13,84 +13,36 @@ Each time, key A uploads a ``--lines`` chat batch and creates it; once it is ``i
 printed as p50 and p95 for both runs, with the ratio off / on. ``--same-priority`` creates the batch at
 priority 0 in both runs, so only the rule between keys can help B.
 
-The API runs with ``PAGEDQ_AUTH=required``; the bench makes two user keys in the fresh database, and
-each side sends its own (``Authorization: Bearer``), so the API records each job's owner.
+The API runs with ``PAGEDQ_AUTH=required``; the bench makes two user keys and an admin key (for
+``/readyz``) in the fresh database, and each side sends its own (``Authorization: Bearer``), so the API
+records each job's owner.
 """
 
 import argparse
 import os
 import platform
-import socket
 import statistics
-import sys
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import httpx
-import psycopg
-import redis
+from sqlalchemy import text
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from bench.service_overhead import batch_file
+from bench.stack import BENCH_REDIS_URL, Shared, Stack, service_stack
+from contract.engine import DEFAULT_MODEL
+from core import keys
+from core.queue import make_celery, queue_depth, queue_name
 
-from service_overhead import ADMIN_URL, batch_file, start  # noqa: E402
-
-from contract.engine import DEFAULT_MODEL  # noqa: E402
-from core import keys  # noqa: E402
-from core.db import make_db_engine, make_sessionmaker  # noqa: E402
-from core.queue import make_celery, queue_depth, queue_name  # noqa: E402
-from core.settings import Settings  # noqa: E402
-from migrations import upgrade  # noqa: E402
-
-DATABASE, BROKER = "pagedq_bench_fair", "redis://127.0.0.1:6379/15"  # its own: other benches use 14
+SHARED = Shared("pagedq_bench_fair", BENCH_REDIS_URL)  # a database of its own, made afresh
 MODES = {"off": {"fair_share": False, "batch_priority": 0}, "on": {}}
+KEYS = (("bench-a", False), ("bench-b", False), ("bench-admin", True))
 
 
-KEYS = (("bench-a", False), ("bench-b", False), ("bench-admin", True))  # the admin key reads /readyz
-
-
-def fresh_settings(model: str, **overrides: object) -> tuple[Settings, str, str, str]:
-    """Settings of a fresh database, and the keys made in it: A's, B's and an admin's."""
-    with psycopg.connect(ADMIN_URL, autocommit=True) as admin:
-        admin.execute(f"DROP DATABASE IF EXISTS {DATABASE} WITH (FORCE)")
-        admin.execute(f"CREATE DATABASE {DATABASE}")
-    base = ADMIN_URL.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://", 1)
-    port = free_port()
-    settings = Settings(
-        database_url=f"{base}/{DATABASE}",
-        broker_url=BROKER,
-        model=model,
-        port=port,
-        auth="required",
-        **overrides,
-    )
-    upgrade(settings)
-    redis.Redis.from_url(BROKER).flushdb()
-    engine = make_db_engine(settings)
-    with make_sessionmaker(engine).begin() as session:
-        made = [keys.create(session, name, admin)[1] for name, admin in KEYS]
-    engine.dispose()
-    return settings, *made
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_worker(url: str, admin_key: str, timeout: float = 300) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url + "/readyz", headers=bearer(admin_key)).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.5)
-    raise SystemExit(f"the service at {url} was not ready in {timeout}s")
+def make_keys(stack: Stack) -> list[str]:
+    """A's, B's and an admin's key."""
+    with stack.db.sessions.begin() as session:
+        return [keys.create(session, name, admin)[1] for name, admin in KEYS]
 
 
 def create_batch(client: httpx.Client, data: bytes, priority: int | None) -> str:
@@ -124,51 +76,44 @@ def online_request(url: str, model: str, key: str, i: int, max_tokens: int) -> N
     response.raise_for_status()
 
 
-def wait_published(settings: Settings, database_url: str, lines: int, timeout: float = 300) -> None:
+def wait_published(stack: Stack, lines: int, timeout: float = 300) -> None:
     """Until every line's message is in the broker (or already taken): a batch's messages are published
     after its response, and B must come after all of them, as when a batch has been queued for a while."""
-    celery, queue = make_celery(settings), queue_name(settings.served_model_name)
+    celery, queue = make_celery(stack.settings), queue_name(stack.settings.served_model_name)
     deadline = time.monotonic() + timeout
-    with psycopg.connect(database_url, autocommit=True) as db:
-        while time.monotonic() < deadline:
-            (taken,) = db.execute("SELECT count(*) FROM jobs WHERE status != 'queued'").fetchone()
-            if queue_depth(celery, queue) + taken >= lines:
-                return
-            time.sleep(0.2)
+    while time.monotonic() < deadline:
+        with stack.db.engine.connect() as db:
+            taken = db.scalar(text("SELECT count(*) FROM jobs WHERE status != 'queued'"))
+        if queue_depth(celery, queue) + taken >= lines:
+            return
+        time.sleep(0.2)
     raise SystemExit(f"the batch's {lines} messages were not published in {timeout}s")
 
 
-def queue_times_ms(database_url: str) -> list[float]:
+def queue_times_ms(stack: Stack) -> list[float]:
     """B's jobs: every job not of the batch."""
-    with psycopg.connect(database_url) as db:
-        rows = db.execute(
-            "SELECT extract(epoch FROM started_at - queued_at) * 1000 FROM jobs WHERE batch_id IS NULL"
-        ).fetchall()
-    return [float(ms) for (ms,) in rows]
+    query = "SELECT extract(epoch FROM started_at - queued_at) * 1000 FROM jobs WHERE batch_id IS NULL"
+    with stack.db.engine.connect() as db:
+        return [float(ms) for ms in db.scalars(text(query))]
 
 
-def run(mode: str, args: argparse.Namespace, logs: Path) -> list[float]:
-    settings, key_a, key_b, admin_key = fresh_settings(args.model, max_num_seqs=args.seats, **MODES[mode])
-    url, database_url = f"http://127.0.0.1:{settings.port}", ADMIN_URL.rsplit("/", 1)[0] + f"/{DATABASE}"
-    api = start("api", settings, logs / f"api-{mode}.log")
-    worker = start("worker", settings, logs / f"worker-{mode}.log")
-    try:
-        wait_worker(url, admin_key)
+def run(mode: str, args: argparse.Namespace) -> list[float]:
+    fields = {"model": args.model, "max_num_seqs": args.seats, "auth": "required", **MODES[mode]}
+    with service_stack(SHARED, keep=args.keep, **fields) as stack:
+        key_a, key_b, admin_key = make_keys(stack)
+        _, url = stack.api(admin_key)
+        stack.worker(f"worker-{mode}")
         with httpx.Client(base_url=url, headers=bearer(key_a), timeout=600) as a:
             create_batch(a, batch_file(args.lines, args.max_tokens), 0 if args.same_priority else None)
-        wait_published(settings, database_url, args.lines)
+        wait_published(stack, args.lines)
+        model = stack.settings.served_model_name
         with ThreadPoolExecutor(args.online) as pool:
             sent = [
-                pool.submit(online_request, url, settings.served_model_name, key_b, i, args.max_tokens)
-                for i in range(args.online)
+                pool.submit(online_request, url, model, key_b, i, args.max_tokens) for i in range(args.online)
             ]
             for future in sent:
                 future.result()
-        return queue_times_ms(database_url)
-    finally:
-        for process in (worker, api):
-            process.terminate()
-            process.wait(60)
+        return queue_times_ms(stack)
 
 
 def p(values: list[float], q: int) -> float:
@@ -183,14 +128,9 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=16, help="of every request, batch and online")
     parser.add_argument("--seats", type=int, default=32, help="PAGEDQ_MAX_NUM_SEQS of the worker")
     parser.add_argument("--same-priority", action="store_true", help="the batch at priority 0, as B's")
-    parser.add_argument("--logs", help="keep the API's and worker's logs in this folder")
+    parser.add_argument("--keep", action="store_true", help="keep the API's and worker's logs")
     args = parser.parse_args()
-    results: dict[str, list[float]] = {}
-    with tempfile.TemporaryDirectory() as temporary:
-        logs = Path(args.logs or temporary)
-        logs.mkdir(parents=True, exist_ok=True)
-        for mode in MODES:
-            results[mode] = run(mode, args, logs)
+    results = {mode: run(mode, args) for mode in MODES}
     machine = f"{platform.node()} ({platform.machine()}, {os.cpu_count()} CPUs)"
     print(f"{machine}; model {args.model}, {args.seats} seats; max_tokens {args.max_tokens}")
     print(f"key A: a {args.lines}-line batch, then key B: {args.online} online requests at once")

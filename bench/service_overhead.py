@@ -55,8 +55,7 @@ import redis
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from engine_throughput import wait_quiet  # noqa: E402
-
+from bench.engine_throughput import wait_quiet  # noqa: E402
 from bench.stack import Shared, service_stack  # noqa: E402
 from contract.engine import DEFAULT_MODEL  # noqa: E402
 from core.queue import queue_name  # noqa: E402

@@ -67,13 +67,14 @@ class Stack:
         self.processes.append(process)
         return process
 
-    def api(self) -> tuple[Process, str]:
+    def api(self, admin_key: str | None = None) -> tuple[Process, str]:
         """``pagedq api`` as processes of their own (``api_workers`` of them), and its URL once it reaches
-        the database and the broker (with no worker yet, ``/readyz`` is a 503 that says so)."""
+        the database and the broker (with no worker yet, ``/readyz`` is a 503 that says so). With auth on,
+        ``/readyz`` takes ``admin_key``."""
         process = Process(["api"], service_env(self.settings), self.work / "api.log")
         self.processes.append(process)
         url = f"http://127.0.0.1:{self.settings.port}"
-        wait_for(lambda: _reaches_servers(url), 120, f"the API at {url}", interval=0.2)
+        wait_for(lambda: _reaches_servers(url, admin_key), 120, f"the API at {url}", interval=0.2)
         return process, url
 
     def api_in_process(self) -> AbstractContextManager[str]:
@@ -152,9 +153,10 @@ def _fresh(shared: Shared) -> str:
     return url
 
 
-def _reaches_servers(url: str) -> bool:
+def _reaches_servers(url: str, admin_key: str | None) -> bool:
+    headers = {"Authorization": f"Bearer {admin_key}"} if admin_key else {}
     try:
-        checks = httpx.get(url + "/readyz").json()["checks"]
+        checks = httpx.get(url + "/readyz", headers=headers).json()["checks"]
     except (httpx.TransportError, ValueError, KeyError):
         return False
     return checks["database"] == checks["broker"] == "ok"
