@@ -55,9 +55,9 @@ class Estimator:
 # token came (the prefill is over), and the tokens it generated (so a running job's work counts as it goes).
 MAX_TOKENS = func.coalesce(Job.params["max_tokens"].as_integer(), 0)
 WORK = Job.prompt_tokens + MAX_TOKENS
-DONE = case(
-    (Job.first_token_at.is_(None), 0), else_=Job.prompt_tokens + func.least(Job.completion_tokens, MAX_TOKENS)
-)
+# min(completion, max_tokens), spelled as a CASE: SQLite has no least()
+GENERATED = case((Job.completion_tokens < MAX_TOKENS, Job.completion_tokens), else_=MAX_TOKENS)
+DONE = case((Job.first_token_at.is_(None), 0), else_=Job.prompt_tokens + GENERATED)
 
 
 def rate(session: Session, model: str, now: datetime) -> float | None:
