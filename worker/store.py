@@ -209,6 +209,50 @@ def prefix_holders(model: str) -> CompoundSelect:
     return union_all(running, published)
 
 
+def prefixes_held(
+    connection: Connection, model: str, skip: set[str], worker_id: str, cached: frozenset[int]
+) -> Prefixes:
+    """Held here: this worker's runs' prefix keys and its engine's cache (``cached``); held elsewhere: the
+    other workers' runs' and what their heartbeats published."""
+    mine, others = set(cached), set()
+    for key, here, published in connection.execute(
+        prefix_holders(model), skipping(skip) | {"worker_id": worker_id}
+    ):
+        (mine if here else others).add(key)
+        others.update(published or ())
+    return Prefixes(frozenset(mine - {None}), frozenset(others - mine - {None}))
+
+
+def resumed_run(
+    session: Session, job_id: str, attempt: int, params: dict[str, Any], kept: dict[str, Any]
+) -> Resume | None:
+    """The earlier run's flushed tokens, their chunks handed to the new run; None (its chunks deleted:
+    no reader sees them any more) when the new run starts over."""
+    previous = (TokenTimes.job_id == job_id, TokenTimes.attempt == attempt - 1)
+    chunks = []
+    if resumable(params) and attempt > 1 and kept["started_at"] is not None:
+        query = select(TokenTimes.first, TokenTimes.times_ms, TokenTimes.token_ids).where(*previous)
+        chunks = session.execute(query.order_by(TokenTimes.first)).all()
+    if not chunks or any(chunk.token_ids is None for chunk in chunks):
+        session.execute(delete(TokenTimes).where(TokenTimes.job_id == job_id))
+        return None
+    session.execute(delete(TokenTimes).where(TokenTimes.job_id == job_id, TokenTimes.attempt != attempt - 1))
+    session.execute(update(TokenTimes).where(*previous).values(attempt=attempt))
+    return Resume(
+        token_ids=joined((chunk.first, chunk.token_ids) for chunk in chunks),
+        times_ms=joined((chunk.first, chunk.times_ms) for chunk in chunks),
+        text=kept["output_text"],
+        started_at=kept["started_at"],
+        first_token_at=kept["first_token_at"],
+    )
+
+
+def waiting_since(model: str, published_before: datetime) -> tuple[Any, ...]:
+    """Where-clauses of ``model``'s queued jobs last published before ``published_before`` (or never)."""
+    published = or_(Job.published_at.is_(None), Job.published_at < published_before)
+    return (Job.model == model, Job.status == JobStatus.QUEUED, published)
+
+
 def _preferred(session: Session, rows: Submitted, best: Row[Any], prefixes: Prefixes) -> str:
     """Fair share's step 5 among ``rows``, whose first (by id) is ``best``."""
     if best.prefix_key in prefixes.mine:
@@ -268,18 +312,12 @@ class JobStore:
         if best is None or not self.prefix_aware:
             return None if best is None else best.id  # type: ignore[no-any-return]
         submitted = Submitted(self.model, skip, *best[2:], indexed)
-        return _preferred(session, submitted, best, self._prefixes(connection, skip, worker_id))
-
-    def _prefixes(self, connection: Connection, skip: set[str], worker_id: str) -> Prefixes:
-        """Held here: this worker's runs' prefix keys and its engine's cache; held elsewhere: the other
-        workers' runs' and what their heartbeats published."""
-        mine, others = set(self.held_prefixes()), set()
-        for key, here, published in connection.execute(
-            prefix_holders(self.model), skipping(skip) | {"worker_id": worker_id}
-        ):
-            (mine if here else others).add(key)
-            others.update(published or ())
-        return Prefixes(frozenset(mine - {None}), frozenset(others - mine - {None}))
+        return _preferred(
+            session,
+            submitted,
+            best,
+            prefixes_held(connection, self.model, skip, worker_id, self.held_prefixes()),
+        )
 
     def claim(self, job_id: str, worker_id: str, retry: bool = False) -> ClaimedJob | None:
         """Take a queued job for a new attempt; None when it is not queued (done, cancelled, taken).
@@ -306,7 +344,7 @@ class JobStore:
         attempt, prompt, params, priority, in_batch, prefix_key, *kept, runs = row
         resume = None
         if attempt > 1:
-            resume = self._resume(
+            resume = resumed_run(
                 session, job_id, attempt, params, dict(zip(KEPT_ON_CLAIM, kept, strict=True))
             )
             start = {"attempt": attempt, "resumed_from_token": len(resume.token_ids) if resume else 0}
@@ -314,32 +352,6 @@ class JobStore:
             appended = JOBS.update().where(JOBS.c.id == job_id).values(runs=[*(runs or []), start], **restart)
             session.execute(appended)
         return ClaimedJob(job_id, attempt, prompt, params, priority, in_batch, resume, prefix_key)
-
-    @staticmethod
-    def _resume(
-        session: Session, job_id: str, attempt: int, params: dict[str, Any], kept: dict[str, Any]
-    ) -> Resume | None:
-        """The earlier run's flushed tokens, their chunks handed to the new run; None (its chunks deleted:
-        no reader sees them any more) when the new run starts over."""
-        previous = (TokenTimes.job_id == job_id, TokenTimes.attempt == attempt - 1)
-        chunks = []
-        if resumable(params) and attempt > 1 and kept["started_at"] is not None:
-            query = select(TokenTimes.first, TokenTimes.times_ms, TokenTimes.token_ids).where(*previous)
-            chunks = session.execute(query.order_by(TokenTimes.first)).all()
-        if not chunks or any(chunk.token_ids is None for chunk in chunks):
-            session.execute(delete(TokenTimes).where(TokenTimes.job_id == job_id))
-            return None
-        session.execute(
-            delete(TokenTimes).where(TokenTimes.job_id == job_id, TokenTimes.attempt != attempt - 1)
-        )
-        session.execute(update(TokenTimes).where(*previous).values(attempt=attempt))
-        return Resume(
-            token_ids=joined((chunk.first, chunk.token_ids) for chunk in chunks),
-            times_ms=joined((chunk.first, chunk.times_ms) for chunk in chunks),
-            text=kept["output_text"],
-            started_at=kept["started_at"],
-            first_token_at=kept["first_token_at"],
-        )
 
     def write(self, progress: list[Progress]) -> set[str]:
         """Write progress (and results) of the runs this worker owns; returns the ids it no longer owns.
@@ -513,14 +525,10 @@ class JobStore:
         self._publish(deliveries)
         return [(job_id, priority) for job_id, priority in rows]
 
-    def _waiting_since(self, published_before: datetime) -> tuple[Any, ...]:
-        published = or_(Job.published_at.is_(None), Job.published_at < published_before)
-        return (Job.model == self.model, Job.status == JobStatus.QUEUED, published)
-
     def waiting_priorities(self, published_before: datetime) -> set[int]:
         """The priorities of queued jobs last published before ``published_before``."""
         with self.sessions() as session:
-            query = select(Job.priority).where(*self._waiting_since(published_before)).distinct()
+            query = select(Job.priority).where(*waiting_since(self.model, published_before)).distinct()
             return set(session.scalars(query))
 
     def republish_due(self, published_before: datetime, priorities: tuple[int, int]) -> list[tuple[str, int]]:
@@ -528,7 +536,7 @@ class JobStore:
         ``published_before``: stamp them published now and return them, to be published again."""
         statement = (
             update(Job)
-            .where(*self._waiting_since(published_before), Job.priority.between(*priorities))
+            .where(*waiting_since(self.model, published_before), Job.priority.between(*priorities))
             .values(published_at=utcnow())
             .returning(Job.id, Job.priority)
         )
