@@ -39,28 +39,33 @@ def job(status: JobStatus, prompt: int, max_tokens: int, **values: object) -> Jo
     )
 
 
+def running_batch(session, now, total: int, **fields) -> Batch:
+    """An in-progress batch of ``total`` lines, due in an hour, flushed so that its id is known."""
+    upload = File(purpose="batch", filename="in.jsonl", bytes=1, content=b"x")
+    session.add(upload)
+    session.flush()
+    batch = Batch(
+        status=BatchStatus.IN_PROGRESS,
+        endpoint="/v1/completions",
+        model=MODEL,
+        input_file_id=upload.id,
+        completion_window="1h",
+        created_at=now,
+        expires_at=now + timedelta(hours=1),
+        total=total,
+        **fields,
+    )
+    session.add(batch)
+    session.flush()
+    return batch
+
+
 def test_the_estimate_is_the_work_ahead_over_the_measured_rate_and_a_late_batch_is_at_risk_once(
     service_settings, sessions
 ):
     now = utcnow()
     with sessions.begin() as session:
-        upload = File(purpose="batch", filename="in.jsonl", bytes=1, content=b"x")
-        session.add(upload)
-        session.flush()
-        batch = Batch(
-            status=BatchStatus.IN_PROGRESS,
-            endpoint="/v1/completions",
-            model=MODEL,
-            input_file_id=upload.id,
-            completion_window="1h",
-            priority=10,
-            webhook_url="https://example.com/hook",
-            created_at=now,
-            expires_at=now + timedelta(hours=1),
-            total=5,
-        )
-        session.add(batch)
-        session.flush()
+        batch = running_batch(session, now, 5, priority=10, webhook_url="https://example.com/hook")
         started = now - timedelta(seconds=100)
         done = [
             job(JobStatus.SUCCEEDED, 20, 30, started_at=started, finished_at=now - timedelta(seconds=5))
@@ -115,21 +120,7 @@ def test_the_estimate_is_the_work_ahead_over_the_measured_rate_and_a_late_batch_
 def test_before_any_job_ends_the_rate_is_what_the_running_jobs_have_generated(service_settings, sessions):
     now = utcnow()
     with sessions.begin() as session:
-        upload = File(purpose="batch", filename="in.jsonl", bytes=1, content=b"x")
-        session.add(upload)
-        session.flush()
-        batch = Batch(
-            status=BatchStatus.IN_PROGRESS,
-            endpoint="/v1/completions",
-            model=MODEL,
-            input_file_id=upload.id,
-            completion_window="1h",
-            created_at=now,
-            expires_at=now + timedelta(hours=1),
-            total=9,
-        )
-        session.add(batch)
-        session.flush()
+        batch = running_batch(session, now, 9)
         started = now - timedelta(seconds=100)
         line = {"batch_id": batch.id, "priority": 10, "queued_at": now}
         decoding = {"started_at": started, "first_token_at": started, "completion_tokens": 15}
