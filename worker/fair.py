@@ -86,17 +86,22 @@ def fair_order(
 ) -> list[ColumnElement[object]]:
     """ORDER BY for queued jobs; ``running``: each key's running jobs on the model (absent: none);
     ``prefixes``: the prefix keys held (step 5), None: no preference."""
-    aged = cast(extract("epoch", Job.queued_at) / aging, Integer)
     held: ColumnElement[int] = literal(0)
     if running:
         held = case(
             *((Job.key_id.is_(None) if key is None else Job.key_id == key, n) for key, n in running.items()),
             else_=0,
         )
-    order = [Job.priority + aged, held, Job.deadline_at.asc().nulls_last(), Job.queued_at]
+    order = _steps_1_to_4(held, aging)
     if prefixes is not None:
         order.append(prefixes.rank())
     return [*order, Job.id]
+
+
+def _steps_1_to_4(held: ColumnElement[int], aging: float) -> list[ColumnElement[object]]:
+    """Aged priority, the owner's ``held`` jobs, deadline, arrival: the order every pick shares."""
+    aged = cast(extract("epoch", Job.queued_at) / aging, Integer)
+    return [Job.priority + aged, held, Job.deadline_at.asc().nulls_last(), Job.queued_at]
 
 
 # The ids of ``skip``, bound when a statement runs (``skipping``), so that it is built once per model. Twice:
@@ -124,13 +129,7 @@ def fairest(
     held_here = or_(Job.status == JobStatus.RUNNING, Job.id.in_(SKIP_HELD))
     held = select(owner.label("owner"), func.count().label("n")).where(Job.model == model, held_here)
     held = held.group_by(owner).subquery("held")
-    aged = cast(extract("epoch", Job.queued_at) / aging, Integer)
-    order = (
-        Job.priority + aged,
-        func.coalesce(held.c.n, 0),
-        Job.deadline_at.asc().nulls_last(),
-        Job.queued_at,
-    )
+    order = _steps_1_to_4(func.coalesce(held.c.n, 0), aging)
     columns = (Job.id, Job.prefix_key, Job.key_id, Job.priority, Job.deadline_at, Job.queued_at)
     statement = select(*columns).outerjoin(held, held.c.owner == owner).where(Job.id.in_(candidates))
     return statement.order_by(*order, Job.id).limit(1)
