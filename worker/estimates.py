@@ -5,24 +5,25 @@ unfinished job has done its prompt once its first token came and the tokens it h
 model's rate is that work, done by its jobs that ended or ran in the last ``RATE_WINDOW``, over the time
 since the first of them started, so it is what the model's workers did lately, whatever their number,
 their seats or their prefix cache hits. A batch's remaining work is its own unfinished jobs' and that of
-every unfinished job of its model ranked as well or better (``priority + queued_at // aging``, fair
-share's first step: what runs before it or beside it); its ``estimated_completion_at`` is now + that
-work / the rate. Jobs that arrive later with a better rank will push it back: it is an estimate, redone
-every round. A batch whose estimate is past its ``expires_at`` is at risk: ``at_risk_at`` is set and
-``batch.at_risk`` recorded, once.
+every job of its model running now or queued ahead of it in fair share's order (worker/fair.py steps 1, 3
+and 4: ``priority + queued_at // aging``, then deadline, then queued_at); its ``estimated_completion_at``
+is now + that work / the rate. Jobs that arrive later with a better rank will push it back: it is an
+estimate, redone every round. A batch whose estimate is past its ``expires_at`` is at risk:
+``at_risk_at`` is set and ``batch.at_risk`` recorded, once.
 """
 
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import Integer, and_, case, cast, extract, func, or_, select
+from sqlalchemy import Integer, and_, case, cast, extract, func, literal, or_, select, true, tuple_
 from sqlalchemy.orm import Session
 
-from core.models import Batch, Job, utcnow
+from core.models import Batch, Job, UTCDateTime, utcnow
 from core.states import BatchStatus, JobStatus
 from core.webhooks import Outbox
 
 RATE_WINDOW = timedelta(minutes=10)
+NO_DEADLINE = literal(datetime(9999, 12, 31, tzinfo=UTC), UTCDateTime)
 UNFINISHED = (JobStatus.QUEUED, JobStatus.RUNNING)
 
 
@@ -77,9 +78,15 @@ def rate(session: Session, model: str, now: datetime) -> float | None:
 
 
 def remaining(session: Session, batch: Batch, aging: float) -> float:
-    """The batch's unfinished work and that of every unfinished job of its model ranked as well."""
+    """The unfinished work of the batch and of every job of its model that runs before it or beside it:
+    those running now and those queued ahead of it in fair share's steps 1, 3 and 4 (aged priority,
+    deadline, queued_at). A batch submitted seconds after another shares its aged priority, not its turn."""
     rank = Job.priority + cast(extract("epoch", Job.queued_at) / aging, Integer)
-    own = select(rank).where(Job.batch_id == batch.id).limit(1).scalar_subquery()
-    ahead = (Job.model == batch.model, Job.status.in_(UNFINISHED), rank <= own)
-    left = func.sum(WORK - DONE)
-    return float(session.scalar(select(func.coalesce(left, 0)).where(*ahead)) or 0)
+    deadline = func.coalesce(Job.deadline_at, NO_DEADLINE)  # none: after every job with one
+    turn = (rank, deadline, Job.queued_at)
+    own = select(*(column.label(f"own{i}") for i, column in enumerate(turn)))
+    own = own.where(Job.batch_id == batch.id).limit(1).subquery()
+    ahead = or_(Job.status == JobStatus.RUNNING, tuple_(*turn) <= tuple_(*own.c))
+    left = select(func.coalesce(func.sum(WORK - DONE), 0)).select_from(Job).join(own, true())
+    left = left.where(Job.model == batch.model, Job.status.in_(UNFINISHED), ahead)
+    return float(session.scalar(left) or 0)

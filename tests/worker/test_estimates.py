@@ -4,7 +4,7 @@ of the batch and of the jobs ranked with or before it; one ``batch.at_risk`` eve
 window; the batch's view shows both while it runs."""
 
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from sqlalchemy import func, select
@@ -16,7 +16,7 @@ from core.models import Batch, File, Job, WebhookDelivery, utcnow
 from core.settings import Settings
 from core.states import BatchStatus, JobStatus
 from core.webhooks import Outbox
-from worker.estimates import Estimator
+from worker.estimates import Estimator, remaining
 
 MODEL = "tiny"
 
@@ -137,3 +137,27 @@ def test_before_any_job_ends_the_rate_is_what_the_running_jobs_have_generated(se
         assert estimated is not None
         seconds = (estimated - now).total_seconds()
         assert 310 / 1.4 - 3 < seconds < 310 / 1.4 + 3, seconds
+
+
+def test_a_batch_sent_seconds_after_another_is_not_ahead_of_it_though_its_aged_priority_is_the_same(
+    service_settings, sessions
+):
+    aging, now = service_settings.fair_aging_seconds, utcnow()
+    bucket = datetime.fromtimestamp(now.timestamp() // aging * aging, UTC)  # one aged priority for all
+
+    def line(batch: Batch, status: JobStatus, after: float, **values: object) -> Job:
+        queued_at = bucket + timedelta(seconds=after)
+        turn = {"priority": 10, "queued_at": queued_at, "deadline_at": queued_at + timedelta(hours=1)}
+        return job(status, 10, 10, batch_id=batch.id, **turn, **values)
+
+    with sessions.begin() as session:
+        first, second = running_batch(session, now, 4), running_batch(session, now, 5)
+        session.add_all([line(first, JobStatus.QUEUED, 1) for _ in range(4)])
+        session.add_all([line(second, JobStatus.QUEUED, 2) for _ in range(4)])
+        beside = line(second, JobStatus.RUNNING, 2, first_token_at=now, completion_tokens=4)
+        no_window = job(JobStatus.QUEUED, 30, 20, priority=10, queued_at=bucket)  # after every deadline
+        session.add_all([beside, no_window])
+    with sessions() as session:
+        # The first: its 4 x 20 and the second's running line (6 left); the second's queued lines wait.
+        assert remaining(session, session.get_one(Batch, first.id), aging) == 4 * 20 + 6
+        assert remaining(session, session.get_one(Batch, second.id), aging) == 4 * 20 + 4 * 20 + 6
