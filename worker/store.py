@@ -47,10 +47,14 @@ from worker.fair import SKIP, Prefixes, Submitted, fairest, skipping
 
 
 def database_away(error: BaseException) -> bool:
-    """The database did not answer (down, restarting, connection lost): try again later, unchanged."""
-    return isinstance(error, OperationalError) or (
-        isinstance(error, DBAPIError) and error.connection_invalidated
-    )
+    """The database did not answer (down, restarting, connection lost, SQLite's file busy): try again
+    later, unchanged. SQLite raises OperationalError for a bad statement too (SQLITE_ERROR: no such
+    function, no such table): that is a bug to log, not an outage to wait out."""
+    if isinstance(error, DBAPIError) and error.connection_invalidated:
+        return True
+    if not isinstance(error, OperationalError):
+        return False
+    return getattr(error.orig, "sqlite_errorname", None) != "SQLITE_ERROR"
 
 
 @dataclass(frozen=True)

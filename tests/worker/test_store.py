@@ -5,7 +5,8 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import event, update
+from sqlalchemy import create_engine, event, text, update
+from sqlalchemy.exc import OperationalError
 
 from core.db import make_db_engine, make_sessionmaker
 from core.models import Job, Worker, utcnow
@@ -14,7 +15,7 @@ from core.settings import Settings
 from core.states import JobStatus
 from worker.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from worker.results import Clock, JobResult
-from worker.store import JobStore, Progress
+from worker.store import JobStore, Progress, database_away
 
 
 @pytest.fixture
@@ -295,3 +296,18 @@ def test_runs_that_cannot_resume_start_over(store: JobStore, params: dict[str, A
     job = get(store, job_id)
     assert (job.output_text, job.completion_tokens, job.token_times_ms, job.started_at) == ("", 0, [], None)
     assert job.runs[-1] == {"attempt": 2, "resumed_from_token": 0}
+
+
+def test_a_bad_statement_on_sqlite_is_a_bug_and_a_busy_file_an_outage(tmp_path) -> None:
+    """SQLite raises OperationalError for both; only the busy file is waited out (an outage)."""
+    engine = create_engine(f"sqlite:///{tmp_path / 'store.db'}", connect_args={"timeout": 0})
+    with pytest.raises(OperationalError) as bad, engine.connect() as connection:
+        connection.execute(text("SELECT no_such_function(1)"))
+    assert not database_away(bad.value)
+    with engine.connect() as holder, engine.connect() as other:
+        holder.exec_driver_sql("BEGIN EXCLUSIVE")
+        with pytest.raises(OperationalError) as busy:
+            other.execute(text("SELECT 1 FROM sqlite_master"))
+        holder.rollback()
+    assert database_away(busy.value)
+    engine.dispose()
