@@ -1,7 +1,7 @@
 """What killing a worker costs when its jobs resume from their flushed tokens, against restarting them from
 zero, each against the same jobs without a kill.
 
-    python -m bench.resume_cost [--jobs 32] [--max-tokens 1024] [--kill-at 0.75] [--seats 32]
+    python -m bench.resume_cost [--jobs 32] [--max-tokens 1024] [--kill-at 0.75] [--seats 32] [--keep]
 
 Each run gets a PostgreSQL cluster and a Redis server of its own, a migrated database, the API in this
 process and a real ``pagedq worker``. The jobs (greedy, ``ignore_eos``) are submitted together; once
@@ -31,7 +31,7 @@ PROMPTS = [f"Write a long story about the number {i}." for i in range(1000)]
 def run(args: argparse.Namespace, kill: str | None) -> dict:
     """``kill``: None, "resume" or "restart"."""
     fields = {"max_num_seqs": args.seats, "heartbeat_timeout": args.heartbeat_timeout}
-    with service_stack(model=args.model, device="cpu", **fields) as stack:
+    with service_stack(keep=args.keep, model=args.model, device="cpu", **fields) as stack:
         stack.worker("worker0")
         with stack.api_in_process() as url:
             return _timed(args, stack, url, kill)
@@ -57,6 +57,9 @@ def _timed(args: argparse.Namespace, stack: Stack, url: str, kill: str | None) -
                 session.execute(update(TokenTimes).where(TokenTimes.job_id.in_(ids)).values(token_ids=None))
         stack.worker("worker1")
     jobs = stack.ended(ids)
+    for job in jobs if kill == "resume" else []:
+        if not (job.runs and job.runs[-1]["resumed_from_token"]):
+            print(f"  started over: {job.id} (attempt {job.attempt}, runs {job.runs})", flush=True)
     return {
         "wall_s": time.monotonic() - start,
         "succeeded": sum(job.status == JobStatus.SUCCEEDED for job in jobs),
@@ -74,6 +77,7 @@ def main() -> None:
     parser.add_argument("--seats", type=int, default=32)
     parser.add_argument("--heartbeat-timeout", type=float, default=10.0, help="how soon orphans are requeued")
     parser.add_argument("--model", default=Settings().model)
+    parser.add_argument("--keep", action="store_true", help="keep each run's logs")
     args = parser.parse_args()
     args.model = str(resolve_model(args.model))  # the API is served from this process: a directory
     print(f"{args.jobs} jobs x {args.max_tokens} tokens, {args.seats} seats, kill at {args.kill_at:.0%}")

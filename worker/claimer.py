@@ -122,14 +122,20 @@ class Claimer:
 
     def _reserve(self, job_id: str, chosen: str | None) -> tuple[str, bool] | None:
         """The job this message's thread will claim, marked as being claimed, and whether fair share chose
-        it; None if another thread is claiming the message's own job (a duplicate message). ``chosen``:
-        what the last pick chose."""
+        it; None if another thread is claiming the message's own job (a duplicate message), or with fair
+        share when its job runs here and none other is queued (a spare ticket). ``chosen``: what the last
+        pick chose."""
         while True:
             if chosen is not None and chosen != job_id:
                 if self.flights.reserve(chosen, unless_held=True):
                     return chosen, True
+            elif (held := self.flights.held(job_id)) is not None and self.store.fair:
+                # A fairer-first ticket took its job: it picks again, and with none queued (a burst's next
+                # jobs may not be committed yet) it is spare. Parked until that run ended, it would hold a
+                # pool thread, a seat, while the burst's next job waited in the broker for a thread.
+                if chosen is None:
+                    return None
             else:
-                held = self.flights.held(job_id)
                 if held is not None:  # a duplicate message, or a requeue of a run still held: it ends first
                     held.done.wait()
                 if self.flights.reserve(job_id, unless_held=False):
