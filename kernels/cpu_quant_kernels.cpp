@@ -21,6 +21,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #ifdef __AVX2__
@@ -31,6 +32,7 @@ namespace {
 
 constexpr int QK = 32;  // values per activation block and per weight sub-block
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define LEVEL2_AVX512  // level 2 runs the float path 16 lanes wide too
 constexpr int BEST_LEVEL = 2;
 #elif defined(__AVX2__)
 constexpr int BEST_LEVEL = 1;
@@ -354,8 +356,50 @@ void fdot_avx2(const uint8_t* wrow, int64_t blocks, const float* const* x, float
 }
 #endif
 
+#ifdef LEVEL2_AVX512
+inline float hsum16(__m512 v) {  // fdot_avx2's two accumulators, side by side, summed as it sums them
+  const __m256 high = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
+  return hsum8(_mm256_add_ps(_mm512_castps512_ps256(v), high));
+}
+
+// Sub-block sub de-quantized to 2 x 16 floats, the same bits as dequant_sub's chunks 0-1 and 2-3.
+template <class W>
+inline void dequant_sub16(const uint8_t* blk, int sub, const Scales<W::SUBS>& s, __m512* w) {
+  const __m256i q = W::unpack8(blk, sub);
+  const __m128i halves[2] = {_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1)};
+  for (int h = 0; h < 2; ++h) {
+    w[h] = _mm512_mul_ps(_mm512_set1_ps(s.sc[sub][h]), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(halves[h])));
+    if constexpr (W::HAS_MIN) w[h] = _mm512_add_ps(w[h], _mm512_set1_ps(s.mterm[sub]));
+  }
+}
+
+// fdot_avx2 16 lanes wide: lanes 0-7 are its first accumulator (chunks 0 and 2 of each sub-block), lanes
+// 8-15 its second (chunks 1 and 3), each lane fed the same products in the same order: the same bits.
+template <class W, int R>
+void fdot_avx512(const uint8_t* wrow, int64_t blocks, const float* const* x, float* out) {
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  Scales<W::SUBS> s;
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* blk = wrow + b * W::BYTES;
+    W::scales(blk, s);
+    for (int sub = 0; sub < W::SUBS; ++sub) {
+      __m512 w[2];
+      dequant_sub16<W>(blk, sub, s, w);
+      const int64_t at = (b * W::SUBS + sub) * QK;
+      for (int r = 0; r < R; ++r)
+        for (int h = 0; h < 2; ++h) acc[r] = _mm512_fmadd_ps(w[h], _mm512_loadu_ps(x[r] + at + 16 * h), acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) out[r] = hsum16(acc[r]);
+}
+#endif
+
 template <class W, int R>
 void fdot_rows(int level, const uint8_t* wrow, int64_t blocks, const float* const* x, float* out) {
+#ifdef LEVEL2_AVX512
+  if (level == 2) return fdot_avx512<W, R>(wrow, blocks, x, out);
+#endif
 #ifdef __AVX2__
   if (level >= 1) return fdot_avx2<W, R>(wrow, blocks, x, out);
 #endif
@@ -401,6 +445,25 @@ void ftile_avx2(const float* const* w, const float* const* x, int64_t k, float (
   for (int r = 0; r < FR; ++r)
     for (int n = 0; n < FN; ++n) out[r][n] = hsum8(_mm256_add_ps(acc[r][n][0], acc[r][n][1]));
 }
+
+#ifdef LEVEL2_AVX512
+// ftile_avx2 16 lanes wide (lanes as in fdot_avx512): the same bits.
+void ftile_avx512(const float* const* w, const float* const* x, int64_t k, float (*out)[FN]) {
+  __m512 acc[FR][FN];
+  for (auto& row : acc)
+    for (auto& one : row) one = _mm512_setzero_ps();
+  for (int64_t at = 0; at < k; at += 16) {
+    __m512 wv[FN];
+    for (int n = 0; n < FN; ++n) wv[n] = _mm512_loadu_ps(w[n] + at);
+    for (int r = 0; r < FR; ++r) {
+      const __m512 xv = _mm512_loadu_ps(x[r] + at);
+      for (int n = 0; n < FN; ++n) acc[r][n] = _mm512_fmadd_ps(wv[n], xv, acc[r][n]);
+    }
+  }
+  for (int r = 0; r < FR; ++r)
+    for (int n = 0; n < FN; ++n) out[r][n] = hsum16(acc[r][n]);
+}
+#endif
 
 struct SubBlock {  // a weight sub-block unpacked: values sc[0] * q (first 16), sc[1] * q (last 16), + mterm
   int8_t q[QK];
@@ -489,12 +552,17 @@ void blocked(const uint8_t* w, int64_t row_bytes, int64_t p_len, const X* x, int
   }
 }
 
-template <class W>
+template <class W, bool WIDE>
 void fmatmul_blocked(const uint8_t* w, int64_t row_bytes, const float* xf, int64_t m_rows, int64_t k, float* out,
                      int64_t ldo, int64_t col0, int64_t begin, int64_t end) {
   const int64_t blocks = row_bytes / W::BYTES;
   auto prepare = [blocks](const uint8_t* wrow, float* dst) { dequant_row<W>(wrow, blocks, dst); };
-  auto tile = [k](const float* const* wr, const float* const* xr, float (*dots)[FN]) { ftile_avx2(wr, xr, k, dots); };
+  auto tile = [k](const float* const* wr, const float* const* xr, float (*dots)[FN]) {
+#ifdef LEVEL2_AVX512
+    if constexpr (WIDE) return ftile_avx512(wr, xr, k, dots);
+#endif
+    ftile_avx2(wr, xr, k, dots);
+  };
   blocked<float>(w, row_bytes, k, xf, k, k * 4, m_rows, prepare, tile, out, ldo, col0, begin, end);
 }
 
@@ -514,30 +582,46 @@ void matmul_blocked(const uint8_t* w, int64_t row_bytes, const BlockQ8* xq, int6
 // Fewer rows than this run fused (de-quantized in registers per tile of TILE rows), more run blocked.
 constexpr int64_t BLOCKED_ROWS = 5;
 
-template <class W>
-void fmatmul_rows(int level, const uint8_t* w, int64_t row_bytes, const float* xf, int64_t m_rows, int64_t k,
-                  float* out, int64_t ldo, int64_t col0, int64_t begin, int64_t end) {
-#ifdef __AVX2__
-  if (level >= 1 && m_rows >= BLOCKED_ROWS)
-    return fmatmul_blocked<W>(w, row_bytes, xf, m_rows, k, out, ldo, col0, begin, end);
-#endif
+template <int R>
+using Rows = std::integral_constant<int, R>;
+
+// The fused path: weight rows [begin, end), each against the activation rows (row m at x0 + m * x_len) up
+// to TILE at a time; dot(Rows<r>, wrow, blocks, x, dots) is one type's kernel at the caller's level.
+template <class W, class X, class Dot>
+void fused_rows(const uint8_t* w, int64_t row_bytes, const X* x0, int64_t x_len, int64_t m_rows, Dot dot,
+                float* out, int64_t ldo, int64_t col0, int64_t begin, int64_t end) {
   const int64_t blocks = row_bytes / W::BYTES;
-  const float* x[TILE];
+  const X* x[TILE];
   float dots[TILE];
   for (int64_t n = begin; n < end; ++n) {
     const uint8_t* wrow = w + n * row_bytes;
     for (int64_t m = 0; m < m_rows; m += TILE) {
       const int64_t r = std::min<int64_t>(TILE, m_rows - m);
-      for (int64_t i = 0; i < r; ++i) x[i] = xf + (m + i) * k;
+      for (int64_t i = 0; i < r; ++i) x[i] = x0 + (m + i) * x_len;
       switch (r) {
-        case 4: fdot_rows<W, 4>(level, wrow, blocks, x, dots); break;
-        case 3: fdot_rows<W, 3>(level, wrow, blocks, x, dots); break;
-        case 2: fdot_rows<W, 2>(level, wrow, blocks, x, dots); break;
-        default: fdot_rows<W, 1>(level, wrow, blocks, x, dots);
+        case 4: dot(Rows<4>{}, wrow, blocks, x, dots); break;
+        case 3: dot(Rows<3>{}, wrow, blocks, x, dots); break;
+        case 2: dot(Rows<2>{}, wrow, blocks, x, dots); break;
+        default: dot(Rows<1>{}, wrow, blocks, x, dots);
       }
       for (int64_t i = 0; i < r; ++i) out[(m + i) * ldo + col0 + n] = dots[i];
     }
   }
+}
+
+template <class W>
+void fmatmul_rows(int level, const uint8_t* w, int64_t row_bytes, const float* xf, int64_t m_rows, int64_t k,
+                  float* out, int64_t ldo, int64_t col0, int64_t begin, int64_t end) {
+#ifdef __AVX2__
+  if (level == 2 && m_rows >= BLOCKED_ROWS)
+    return fmatmul_blocked<W, true>(w, row_bytes, xf, m_rows, k, out, ldo, col0, begin, end);
+  if (level == 1 && m_rows >= BLOCKED_ROWS)
+    return fmatmul_blocked<W, false>(w, row_bytes, xf, m_rows, k, out, ldo, col0, begin, end);
+#endif
+  auto dot = [level](auto rows, const uint8_t* wrow, int64_t blocks, const float* const* x, float* dots) {
+    fdot_rows<W, decltype(rows)::value>(level, wrow, blocks, x, dots);
+  };
+  fused_rows<W>(w, row_bytes, xf, k, m_rows, dot, out, ldo, col0, begin, end);
 }
 
 // out[m, col0 + n] = x[m] . w[n] for one weight of type W, rows [begin, end).
@@ -550,23 +634,10 @@ void matmul_rows(int level, const uint8_t* w, int64_t row_bytes, const BlockQ8* 
   if (level == 1 && m_rows >= BLOCKED_ROWS)
     return matmul_blocked<W, false>(w, row_bytes, xq, m_rows, x_blocks, out, ldo, col0, begin, end);
 #endif
-  const int64_t blocks = row_bytes / W::BYTES;
-  const BlockQ8* x[TILE];
-  float dots[TILE];
-  for (int64_t n = begin; n < end; ++n) {
-    const uint8_t* wrow = w + n * row_bytes;
-    for (int64_t m = 0; m < m_rows; m += TILE) {
-      const int64_t r = std::min<int64_t>(TILE, m_rows - m);
-      for (int64_t i = 0; i < r; ++i) x[i] = xq + (m + i) * x_blocks;
-      switch (r) {
-        case 4: dot_rows<W, 4>(level, wrow, blocks, x, dots); break;
-        case 3: dot_rows<W, 3>(level, wrow, blocks, x, dots); break;
-        case 2: dot_rows<W, 2>(level, wrow, blocks, x, dots); break;
-        default: dot_rows<W, 1>(level, wrow, blocks, x, dots);
-      }
-      for (int64_t i = 0; i < r; ++i) out[(m + i) * ldo + col0 + n] = dots[i];
-    }
-  }
+  auto dot = [level](auto rows, const uint8_t* wrow, int64_t blocks, const BlockQ8* const* x, float* dots) {
+    dot_rows<W, decltype(rows)::value>(level, wrow, blocks, x, dots);
+  };
+  fused_rows<W>(w, row_bytes, xq, x_blocks, m_rows, dot, out, ldo, col0, begin, end);
 }
 
 using MatmulRows = void (*)(int, const uint8_t*, int64_t, const BlockQ8*, int64_t, int64_t, float*, int64_t,
