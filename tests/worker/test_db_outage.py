@@ -115,7 +115,9 @@ def test_jobs_finishing_during_a_database_outage_all_succeed_once(
     db = Database(settings)
     worker = start_worker(settings, db, tmp_path / "worker.log")
     try:
-        lengths = tuple(6 + 3 * i for i in range(JOBS))  # they end one after another, across the outage
+        # The first ends at once; the others, all running by then, one after another while the database is
+        # away (long enough that none has ended when it goes, whatever the claim order).
+        lengths = (6, *(6 + 60 * i for i in range(1, JOBS)))
         ids = submit_greedy(settings, lengths)
         wait_for(lambda: db.jobs(ids)[0].status == "succeeded", 60, "the first job to finish")
         server.stop()
@@ -128,7 +130,8 @@ def test_jobs_finishing_during_a_database_outage_all_succeed_once(
         )
         assert line.startswith("unhealthy: cannot write to the database since "), line
         assert "OperationalError" in line, line
-        time.sleep(max(0.0, outage_s - (time.monotonic() - down_at)))
+        wait_for(lambda: results_kept_unwritten(worker.log()) & set(ids), 60, "a job to end in the outage")
+        time.sleep(max(0.0, outage_s - (time.monotonic() - down_at)))  # the outage lasts at least this
         server.start()
 
         jobs = db.wait_until(ids, {"succeeded"}, timeout=90)
