@@ -234,15 +234,17 @@ def handle_signals(
     ready_fd: int | None,
     engine_facts: Callable[[Any], dict[str, Any]] = engine_facts,
 ) -> None:
-    now, interrupted = threading.Event(), threading.Event()
+    now, interrupted, shutting_down = threading.Event(), threading.Event(), threading.Event()
 
     def drain(**_: object) -> None:  # Celery's warm shutdown: SIGTERM, or our first Ctrl-C
+        shutting_down.set()
         host.drain(0.0 if now.is_set() else settings.shutdown_grace)
 
     def stop_now(*_: object) -> None:  # SIGUSR2: requeue what still runs at once (`pagedq up`'s 2nd Ctrl-C)
         now.set()
         host.drain(0.0)
-        signal.raise_signal(signal.SIGTERM)  # and stop consuming, if no SIGTERM came before
+        if not shutting_down.is_set():  # stop consuming; a second SIGTERM mid-shutdown once hung the worker
+            signal.raise_signal(signal.SIGTERM)
 
     def interrupt(*_: object) -> None:  # a standalone worker's Ctrl-C: drain, and on a second, stop now
         if interrupted.is_set():
