@@ -13,17 +13,17 @@ estimate, redone every round. A batch whose estimate is past its ``expires_at`` 
 """
 
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
-from sqlalchemy import Integer, and_, case, cast, extract, func, literal, or_, select, true, tuple_
+from sqlalchemy import and_, case, func, or_, select, true, tuple_
 from sqlalchemy.orm import Session
 
-from core.models import Batch, Job, UTCDateTime, utcnow
+from core.models import Batch, Job, utcnow
 from core.states import BatchStatus, JobStatus
 from core.webhooks import Outbox
+from worker.fair import turn
 
 RATE_WINDOW = timedelta(minutes=10)
-NO_DEADLINE = literal(datetime(9999, 12, 31, tzinfo=UTC), UTCDateTime)
 UNFINISHED = (JobStatus.QUEUED, JobStatus.RUNNING)
 
 
@@ -81,12 +81,10 @@ def remaining(session: Session, batch: Batch, aging: float) -> float:
     """The unfinished work of the batch and of every job of its model that runs before it or beside it:
     those running now and those queued ahead of it in fair share's steps 1, 3 and 4 (aged priority,
     deadline, queued_at). A batch submitted seconds after another shares its aged priority, not its turn."""
-    rank = Job.priority + cast(extract("epoch", Job.queued_at) / aging, Integer)
-    deadline = func.coalesce(Job.deadline_at, NO_DEADLINE)  # none: after every job with one
-    turn = (rank, deadline, Job.queued_at)
-    own = select(*(column.label(f"own{i}") for i, column in enumerate(turn)))
+    its_turn = turn(aging)
+    own = select(*(column.label(f"own{i}") for i, column in enumerate(its_turn)))
     own = own.where(Job.batch_id == batch.id).limit(1).subquery()
-    ahead = or_(Job.status == JobStatus.RUNNING, tuple_(*turn) <= tuple_(*own.c))
+    ahead = or_(Job.status == JobStatus.RUNNING, tuple_(*its_turn) <= tuple_(*own.c))
     left = select(func.coalesce(func.sum(WORK - DONE), 0)).select_from(Job).join(own, true())
     left = left.where(Job.model == batch.model, Job.status.in_(UNFINISHED), ahead)
     return float(session.scalar(left) or 0)

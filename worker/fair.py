@@ -29,7 +29,7 @@ per group (owners x priorities x windows in the queue), not per queued job.
 
 from collections.abc import Collection
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from functools import cache
 
 from sqlalchemy import (
@@ -53,7 +53,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.sql import ColumnElement
 
-from core.models import Job
+from core.models import Job, UTCDateTime
 from core.states import JobStatus
 
 # A group of queued jobs: owner (NULL, auth off, is '' here), priority, window (none: -1 s).
@@ -63,6 +63,7 @@ GROUP = (
     literal_column("coalesce(jobs.deadline_at - jobs.queued_at, interval '-1 second')"),
 )
 NO_WINDOW = timedelta(seconds=-1)
+NO_DEADLINE = literal(datetime(9999, 12, 31, tzinfo=UTC), UTCDateTime)  # after every deadline
 # Literal, so that the planner proves ix_jobs_fair_heads' predicate whatever plan it caches.
 QUEUED_ROWS = (literal_column("jobs.status = 'queued'"), not_(Job.cancel_requested))
 
@@ -98,10 +99,20 @@ def fair_order(
     return [*order, Job.id]
 
 
+def aged_priority(aging: float) -> ColumnElement[int]:
+    """Step 1: ``priority + queued_at // aging``, lower runs first."""
+    return Job.priority + cast(extract("epoch", Job.queued_at) / aging, Integer)
+
+
+def turn(aging: float) -> tuple[ColumnElement[object], ...]:
+    """Steps 1, 3 and 4 as values that compare in order (a row comparison): what runs before a job,
+    its owner's share apart (worker/estimates.py)."""
+    return aged_priority(aging), func.coalesce(Job.deadline_at, NO_DEADLINE), Job.queued_at
+
+
 def _steps_1_to_4(held: ColumnElement[int], aging: float) -> list[ColumnElement[object]]:
     """Aged priority, the owner's ``held`` jobs, deadline, arrival: the order every pick shares."""
-    aged = cast(extract("epoch", Job.queued_at) / aging, Integer)
-    return [Job.priority + aged, held, Job.deadline_at.asc().nulls_last(), Job.queued_at]
+    return [aged_priority(aging), held, Job.deadline_at.asc().nulls_last(), Job.queued_at]
 
 
 # The ids of ``skip``, bound when a statement runs (``skipping``), so that it is built once per model. Twice:
