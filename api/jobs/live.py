@@ -15,7 +15,7 @@ from collections import defaultdict
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from redis.asyncio import Redis
+from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.client import PubSub
 from redis.exceptions import RedisError
 
@@ -25,14 +25,19 @@ logger = logging.getLogger(__name__)
 
 PREFIX = channel_key("")
 IDLE_CHECK_S = 1.0  # how often a quiet reader hears None (the job may end without a token: cancelled)
+# Connections per API process. Past them a reader waits its turn: redis-py's default pool fails the
+# command instead (past 100), which broke streams when a batch's 256 followers idle-checked at once.
+REDIS_CONNECTIONS = 32
 
 
 class LiveStreams:
     def __init__(self, url: str) -> None:
-        self._redis = Redis.from_url(url)
+        pool = BlockingConnectionPool.from_url(url, max_connections=REDIS_CONNECTIONS)
+        self._redis = Redis(connection_pool=pool)
         self._pubsub: PubSub | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._listener: asyncio.Task[None] | None = None
+        self._connecting = asyncio.Lock()
         self._readers: defaultdict[str, set[asyncio.Queue[StreamEntry]]] = defaultdict(set)
 
     async def entries(self, job_id: str) -> AsyncIterator[StreamEntry | None]:
@@ -82,7 +87,7 @@ class LiveStreams:
     @asynccontextmanager
     async def _follow(self, job_id: str) -> AsyncIterator[asyncio.Queue[StreamEntry]]:
         """A queue of the job's entries published from now on, until the block ends."""
-        pubsub = self._pubsub_of_this_loop()
+        pubsub = await self._connected_pubsub()
         queue: asyncio.Queue[StreamEntry] = asyncio.Queue()
         readers = self._readers[job_id]
         readers.add(queue)
@@ -104,13 +109,21 @@ class LiveStreams:
             await self._pubsub.aclose()
         await self._redis.aclose()
 
-    def _pubsub_of_this_loop(self) -> PubSub:
+    async def _connected_pubsub(self) -> PubSub:
+        """This loop's pub/sub, its connection taken once: readers subscribing at once would each take
+        one from the pool for it (redis-py's ``PubSub`` connects on a command when it has none), keeping
+        all but the last."""
         # A connection belongs to the event loop that opened it (tests run several loops, one after another).
         loop = asyncio.get_running_loop()
         if self._pubsub is None or self._loop is not loop:
             self._pubsub, self._loop, self._listener = self._redis.pubsub(), loop, None
+            self._connecting = asyncio.Lock()
             self._readers.clear()
-        return self._pubsub
+        pubsub = self._pubsub
+        async with self._connecting:
+            if pubsub.connection is None:
+                await pubsub.connect()
+        return pubsub
 
     def _ensure_listener(self, pubsub: PubSub) -> None:
         if self._listener is None or self._listener.done():

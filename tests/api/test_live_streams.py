@@ -289,3 +289,21 @@ def test_a_reader_continues_a_resumed_run_and_starts_a_restarted_one_over() -> N
     assert events(StreamEntry(2, 2, " wo")) == []
     assert events(StreamEntry(2, 3, "rld!")) == [("delta", {"text": "ld!"})]
     assert events(StreamEntry(3, 1, "Hi")) == [("restart", {"attempt": 3}), ("delta", {"text": "Hi"})]
+
+
+def test_many_readers_at_once_wait_their_turn_for_a_connection(url: str) -> None:
+    """More readers than the client's connection pool holds, all reading the stream in the same turn of the
+    loop (a batch's 256 followers): each waits for a connection rather than failing mid-stream."""
+    jobs = [f"job_test_{uuid.uuid4().hex[:12]}" for _ in range(4 * live.REDIS_CONNECTIONS)]
+    writer = redis.Redis.from_url(url)
+    for job in jobs:
+        writer.xadd(stream_key(job), StreamEntry(1, 1, job, end=True).fields(), id="1-1")
+
+    async def scenario(streams: LiveStreams) -> list[list[StreamEntry]]:
+        return await asyncio.gather(*(read_until_end(streams, job) for job in jobs))
+
+    try:
+        read = with_live_streams(url, scenario)
+    finally:
+        writer.delete(*(stream_key(job) for job in jobs))
+    assert [texts(entries) for entries in read] == [[(1, job, True)] for job in jobs]
