@@ -65,7 +65,7 @@ class Claimer:
                 try:
                     if target is None:
                         with self.turns:
-                            skip = self.flights.claimed_or_held()
+                            skip = self.flights.passed_over()
                             picked, job = self.store.take(
                                 job_id, skip, self.worker_id, self._reserving(taken)
                             )
@@ -143,4 +143,4 @@ class Claimer:
                 if chosen is None or not self.store.fair:
                     return None
             with self.turns:  # what the others reserved while this thread waited for its turn counts
-                chosen = self.store.pick(job_id, self.flights.claimed_or_held(), self.worker_id)
+                chosen = self.store.pick(job_id, self.flights.passed_over(), self.worker_id)

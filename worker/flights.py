@@ -60,6 +60,13 @@ class Flights:
         with self._lock:
             return self._claiming | self._flights.keys()
 
+    def passed_over(self) -> set[str]:
+        """What a pick must pass over although its row may say queued: the jobs being claimed here, and runs
+        held here that ended (a requeue's row is queued before its flight is released). A run held here
+        and going on is running in its row already: not sent with every pick, whose cost grows with it."""
+        with self._lock:
+            return self._claiming | {job_id for job_id, f in self._flights.items() if f.final is not None}
+
     def reserve(self, job_id: str, unless_held: bool) -> bool:
         """Mark ``job_id`` as being claimed, unless a thread is claiming it already or (``unless_held``) it
         runs here; returns whether it was marked."""

@@ -204,8 +204,9 @@ def append_token_times(dialect: str) -> Insert:
 @cache
 def prefix_holders(model: str) -> CompoundSelect:
     """One read for step 5's ``Prefixes``: the prefix key of each job of ``model`` running or in ``skip``
-    (bound; ``here``: in it), then each other worker's published keys (``worker_id`` bound: this one's)."""
-    here = Job.id.in_(SKIP)
+    (bound; ``here``: run by this worker or in it), then each other worker's published keys (``worker_id``
+    bound: this one's)."""
+    here = or_(Job.worker_id == bindparam("worker_id"), Job.id.in_(SKIP))
     running = select(Job.prefix_key, here.label("here"), cast(null(), JSONType).label("published"))
     running = running.where(Job.model == model, or_(Job.status == JobStatus.RUNNING, here))
     others = Worker.model == model, Worker.id != bindparam("worker_id")

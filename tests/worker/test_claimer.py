@@ -184,3 +184,18 @@ def test_tickets_claiming_at_once_each_take_a_different_job_and_record_its_one_r
         assert (claimed.status, claimed.attempt, claimed.worker_id) == (JobStatus.RUNNING, 1, "w1")
         assert claimed.runs == [{"attempt": 1, "resumed_from_token": 0}]
     assert sorted(row(store, job_id).priority for job_id in set(jobs) - set(taken)) == [2] * 8
+
+
+def test_a_pick_passes_over_jobs_being_claimed_and_ended_runs_but_not_running_ones(store):
+    """A run going on is running in its row, so a pick need not be told of it (its cost would grow with the
+    worker's seats); a job being claimed is still queued in its row, and so is a requeued run until the
+    flusher lets its flight go."""
+    running, requeued, claiming = add_job(store), add_job(store), add_job(store)
+    pool_thread = claimer(store)
+    flights = pool_thread.flights
+    runs = {job_id: pool_thread.claim(job_id) for job_id in (running, requeued)}
+    assert flights.reserve(claiming, unless_held=False)
+    assert flights.passed_over() == {claiming}
+    flights.end(runs[requeued], JobStatus.QUEUED, finish_reason="abort")
+    assert flights.passed_over() == {claiming, requeued}
+    assert flights.claimed_or_held() == {running, requeued, claiming}
