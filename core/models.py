@@ -213,6 +213,9 @@ class Job(Base):
             "id",
             postgresql_where=text("status = 'queued' AND NOT cancel_requested AND prefix_key IS NOT NULL"),
         ).ddl_if(dialect="postgresql"),
+        # A running job's row is rewritten at every flush: room left on its page keeps each new version
+        # there (a HOT update: none of its ten indexes touched). Full pages moved 70% of them elsewhere.
+        {"postgresql_with": {"fillfactor": 50}},
     )
 
     @property
