@@ -15,17 +15,13 @@ from sqlalchemy import (
     BigInteger,
     CompoundSelect,
     Connection,
-    Insert,
-    Integer,
     String,
-    Text,
     and_,
     bindparam,
     case,
     cast,
     delete,
     false,
-    func,
     literal,
     null,
     or_,
@@ -33,7 +29,6 @@ from sqlalchemy import (
     union_all,
     update,
 )
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Row
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
@@ -44,6 +39,7 @@ from core.states import JobStatus
 from core.timings import joined
 from core.webhooks import Outbox
 from worker.fair import SKIP, Prefixes, Submitted, fairest, skipping
+from worker.run_writes import APPEND_TEXT, append_token_times, update_runs
 
 
 def database_away(error: BaseException) -> bool:
@@ -150,23 +146,6 @@ class Progress:
         return {"job_id": self.job_id, "attempt": self.attempt} | times
 
 
-# The first choice's text, appended a piece per flush (``Progress.text``) rather than rewritten whole.
-TEXT_KEPT = func.substr(Job.__table__.c.output_text, 1, bindparam("text_from", type_=Integer), type_=Text)
-APPEND_TEXT = TEXT_KEPT.concat(bindparam("text_piece", type_=Text))
-
-# A run's write, bound per row: the SET clause is the text's append and the parameters' other keys (one
-# executemany per key set).
-RUN_WRITE = (
-    update(Job.__table__)
-    .where(
-        Job.__table__.c.id == bindparam("run_id"),
-        Job.__table__.c.attempt == bindparam("run_attempt"),
-        Job.__table__.c.status == JobStatus.RUNNING,
-    )
-    .values(output_text=APPEND_TEXT)
-)
-
-
 JOBS = Job.__table__
 # A claim's UPDATE, but for its WHERE and the worker's values: a new attempt with fresh results, but for
 # those a resumed run keeps (``KEPT_ON_CLAIM``). A first attempt (attempt 0 before) records its run here.
@@ -190,15 +169,6 @@ CLAIM = (
         JOBS.c.runs,
     )
 )
-
-
-def append_token_times(dialect: str) -> Insert:
-    """A chunk of new token times; the same chunk again (a retry after an unknown outcome) replaces it."""
-    statement = (postgresql.insert if dialect == "postgresql" else sqlite.insert)(TokenTimes)
-    return statement.on_conflict_do_update(
-        index_elements=["job_id", "attempt", "first"],
-        set_={"times_ms": statement.excluded.times_ms, "token_ids": statement.excluded.token_ids},
-    )
 
 
 @cache
@@ -391,27 +361,27 @@ class JobStore:
             return set()
 
     def _write_many(self, session: Session, progress: list[Progress]) -> set[str]:
-        """One executemany per set of columns (progress, results): a single round trip each. Only when
-        fewer rows matched than were written are the runs checked one by one for the lost ones."""
+        """One statement per set of columns (progress, results) for all runs (worker/run_writes.py); the
+        runs it did not write are checked one by one for the lost ones."""
         by_columns: dict[tuple[str, ...], list[tuple[Progress, dict[str, Any]]]] = defaultdict(list)
         for p in progress:
             values = p.columns()
             by_columns[tuple(values)].append((p, values))
         lost: set[str] = set()
-        for rows in by_columns.values():
+        for keys, rows in by_columns.items():
             params = [
-                {"run_id": p.job_id, "run_attempt": p.attempt, **values, **p.text()} for p, values in rows
+                {"run_id": p.job_id, "run_attempt": p.attempt, **p.text(), **values} for p, values in rows
             ]
-            if session.connection().execute(RUN_WRITE, params).rowcount != len(rows):
-                lost |= {
-                    p.job_id
-                    for p, values in rows
-                    if not self._write_one(session, p.job_id, p.attempt, values, p.text())
-                }
+            written = update_runs(session.connection(), keys, params)
+            lost |= {
+                p.job_id
+                for p, values in rows
+                if p.job_id not in written
+                and not self._write_one(session, p.job_id, p.attempt, values, p.text())
+            }
         chunks = [p.token_times() for p in progress if p.token_times_ms and p.job_id not in lost]
         if chunks:  # appended: a flush writes the new times only
-            connection = session.connection()
-            connection.execute(append_token_times(connection.dialect.name), chunks)
+            append_token_times(session.connection(), chunks)
         return lost
 
     @staticmethod
@@ -419,7 +389,7 @@ class JobStore:
         session: Session, job_id: str, attempt: int, values: dict[str, Any], text: dict[str, Any] | None
     ) -> bool:
         """``text``: the parameters of the text's append (``Progress.text``); None: ``values`` set it."""
-        # Still running, or already in the status these values set: the executemany that sent us here
+        # Still running, or already in the status these values set: the statement that sent us here
         # may have applied them, and a run it ended is not lost (its final token times must follow).
         ours = {JobStatus.RUNNING, values.get("status", JobStatus.RUNNING)}
         appended = {} if text is None else {"output_text": APPEND_TEXT}

@@ -80,9 +80,40 @@ def test_one_write_of_many_runs_finds_exactly_the_stale_ones(store: JobStore) ->
     assert [job.status for job in jobs] == ["running", "running", "running", "succeeded"]
 
 
+def test_a_flush_of_many_runs_is_one_statement_for_their_progress_and_one_for_their_times(
+    store: JobStore,
+) -> None:
+    """At 256 running jobs a flush comes about every token: a statement per job was one per token."""
+    runs = [store.claim(add_job(store), "w1") for _ in range(20)]
+    progress = [
+        Progress(
+            run.id, run.attempt, f"piece {i}", 2, token_times_ms=[1.0, 2.5], token_ids=[7, i], text_from=0
+        )
+        for i, run in enumerate(runs)
+        if run
+    ]
+    statements: list[tuple[str, bool]] = []
+
+    def count(conn: Any, cursor: Any, statement: str, params: Any, context: Any, executemany: bool) -> None:
+        statements.append((statement.split()[0], executemany))
+
+    engine = store.sessions.kw["bind"]
+    event.listen(engine, "before_cursor_execute", count)
+    try:
+        assert store.write(progress) == set()
+    finally:
+        event.remove(engine, "before_cursor_execute", count)
+    assert statements == [("UPDATE", False), ("INSERT", False)]
+    jobs = [get(store, p.job_id) for p in progress]
+    assert [(job.output_text, job.completion_tokens) for job in jobs] == [
+        (f"piece {i}", 2) for i in range(20)
+    ]
+    assert all(job.token_times_ms == [1.0, 2.5] and job.choices is None for job in jobs)
+
+
 def test_a_result_written_beside_a_stale_one_keeps_its_token_times(store: JobStore) -> None:
-    """Two results in one flush, one from a run another took over: the executemany matches one row of
-    two, and the row it did write must not then be taken for lost (its times and its end would go)."""
+    """Two results in one flush, one from a run another took over: the write matches one row of two, and
+    the row it did write must not then be taken for lost (its times and its end would go)."""
     ids = [add_job(store) for _ in range(2)]
     runs = [store.claim(job_id, "w1") for job_id in ids]
     assert all(run is not None for run in runs)
