@@ -24,7 +24,10 @@ from core.streams import WATCH_RENEW_S, StreamEntry, announce_reader, channel_ke
 logger = logging.getLogger(__name__)
 
 PREFIX = channel_key("")
-IDLE_CHECK_S = 1.0  # how often a quiet reader hears None (the job may end without a token: cancelled)
+# How often a quiet reader hears None (a job may end without a token: cancelled while queued), after
+# reading the stream; the events then read the job's row. At 256 running jobs a step takes about a
+# second, and checking every second cost the API 2 ms of CPU per streamed token (bench/service_cpu.py).
+IDLE_CHECK_S = 3.0
 # Connections per API process. Past them a reader waits its turn: redis-py's default pool fails the
 # command instead (past 100), which broke streams when a batch's 256 followers idle-checked at once.
 REDIS_CONNECTIONS = 32
