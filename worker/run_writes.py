@@ -44,7 +44,6 @@ def append_text(text_from: ColumnElement[Any], text_piece: ColumnElement[Any]) -
 
 
 APPEND_TEXT = append_text(bindparam("text_from", type_=Integer), bindparam("text_piece", type_=Text))
-_TIMES_KEY = ["job_id", "attempt", "first"]
 JSON_KEYS = {
     c.name for table in (JOBS, TokenTimes.__table__) for c in table.columns if isinstance(c.type, JSON)
 }
@@ -65,9 +64,13 @@ def append_token_times(connection: Connection, chunks: list[dict[str, Any]]) -> 
     if connection.dialect.name == "postgresql":
         connection.execute(_unnested_insert(), _arrays(chunks))
     else:
-        statement = sqlite.insert(TokenTimes)
-        excluded = {"times_ms": statement.excluded.times_ms, "token_ids": statement.excluded.token_ids}
-        connection.execute(statement.on_conflict_do_update(index_elements=_TIMES_KEY, set_=excluded), chunks)
+        connection.execute(_replacing(sqlite.insert(TokenTimes)), chunks)
+
+
+def _replacing(statement: Any) -> Insert:
+    """``statement`` (PostgreSQL's or SQLite's INSERT of token times) replacing a chunk already there."""
+    excluded = {"times_ms": statement.excluded.times_ms, "token_ids": statement.excluded.token_ids}
+    return statement.on_conflict_do_update(index_elements=["job_id", "attempt", "first"], set_=excluded)
 
 
 def _arrays(rows: list[dict[str, Any]]) -> dict[str, list[Any]]:
@@ -108,9 +111,7 @@ def _unnested_update(keys: tuple[str, ...]) -> Update:
 def _unnested_insert() -> Insert:
     columns = tuple(column(c.name, c.type) for c in TokenTimes.__table__.columns)
     chunks = _unnested(columns, "chunk")
-    statement = postgresql.insert(TokenTimes).from_select(list(chunks), select(*chunks.values()))
-    excluded = {"times_ms": statement.excluded.times_ms, "token_ids": statement.excluded.token_ids}
-    return statement.on_conflict_do_update(index_elements=_TIMES_KEY, set_=excluded)
+    return _replacing(postgresql.insert(TokenTimes).from_select(list(chunks), select(*chunks.values())))
 
 
 def _unnested(columns: tuple[ColumnClause[Any], ...], name: str) -> dict[str, ColumnElement[Any]]:
