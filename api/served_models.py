@@ -35,7 +35,9 @@ class ServedModels:
         self._embedders: dict[str, EmbeddingEncoder] = {}
         self._lock = threading.Lock()
         if self._by_name[self.default_chat].kind == "generate":
-            self.encoder(self.default_chat)  # at start: a model that cannot load stops the API at once
+            # at start: a model that cannot load stops the API at once, and the first batch does not
+            # wait seconds for the checking processes to load their tokenizers
+            self.checker(self.default_chat)
 
     @property
     def names(self) -> list[str]:
