@@ -65,9 +65,8 @@ class Claimer:
                 try:
                     if target is None:
                         with self.turns:
-                            skip = self.flights.passed_over()
                             picked, job = self.store.take(
-                                job_id, skip, self.worker_id, self._reserving(taken)
+                                job_id, self.flights.passed_over, self.worker_id, self._reserving(taken)
                             )
                         failures = 0
                         if not taken:  # reserving must wait, or be refused: the slow way

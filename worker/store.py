@@ -4,6 +4,7 @@ Every write to a job is conditional on the attempt that claimed it, so a stale d
 redelivered message, a worker presumed dead) can never overwrite what the current run wrote.
 """
 
+import threading
 from collections import defaultdict
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
@@ -249,6 +250,9 @@ class JobStore:
     served_by: dict[str, Any] | None = None  # what serves its jobs (worker/engine's identity), stored per run
     prefix_aware: bool = False  # fair share's step 5 (worker/fair.py): runs holding a prompt's prefix first
     held_prefixes: Callable[[], frozenset[int]] = frozenset  # the prefix keys this worker's engine holds
+    # One pick at a time in this worker: picks at once found the same fairest job, and all but one of them
+    # picked again (2.8 picks a claim when 256 tickets came at once), each a costly statement.
+    _picks: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
     @property
     def fair(self) -> bool:
@@ -263,19 +267,26 @@ class JobStore:
         worker's row, whose published keys are not another's)."""
         if self.fair_aging is None:
             return job_id
-        with self.sessions() as session:
+        with self.sessions() as session, self._picks:
             return self._pick(session, skip, worker_id)
 
     def take(
-        self, job_id: str, skip: set[str], worker_id: str, reserve: Callable[[str], bool]
+        self,
+        job_id: str,
+        passed_over: Callable[[], set[str]],
+        worker_id: str,
+        reserve: Callable[[str], bool],
     ) -> tuple[str | None, ClaimedJob | None]:
-        """``pick`` and ``claim`` in one transaction (a claim's round trips are its cost, not its rows):
-        returns the job picked, and the job claimed once ``reserve`` (the caller's mark that it is being
-        claimed here) accepted the pick; None when it did not, or when the job was not queued any more."""
+        """``pick`` (passing over what ``passed_over`` says as the pick starts) and ``claim`` in one
+        transaction (a claim's round trips are its cost, not its rows): returns the job picked, and the job
+        claimed once ``reserve`` (the caller's mark that it is being claimed here) accepted the pick; None
+        when it did not, or when the job was not queued any more. The pick and its mark are made one at a
+        time; the claims go on side by side."""
         with self.sessions.begin() as session:
-            picked = job_id if self.fair_aging is None else self._pick(session, skip, worker_id)
-            if picked is None or not reserve(picked):
-                return picked, None
+            with self._picks:
+                picked = job_id if self.fair_aging is None else self._pick(session, passed_over(), worker_id)
+                if picked is None or not reserve(picked):
+                    return picked, None
             return picked, self._claim(session, picked, worker_id, retry=False)
 
     def _pick(self, session: Session, skip: set[str], worker_id: str) -> str | None:
