@@ -124,10 +124,11 @@ class Flights:
     # --- writes (the flusher) ---
 
     @contextmanager
-    def unwritten(self, clock: Clock) -> Iterator[list[Progress]]:
-        """Snapshots of the runs with something unwritten, which count as written unless the body raises."""
+    def unwritten(self, clock: Clock, progress: bool = True) -> Iterator[list[Progress]]:
+        """Snapshots of the runs with something unwritten (``progress`` False: only of the runs that ended),
+        which count as written unless the body raises."""
         with self._lock:
-            due = [f for f in self._flights.values() if f.dirty]
+            due = [f for f in self._flights.values() if f.dirty and (progress or f.final is not None)]
             snapshot = [f.progress(clock) for f in due]
             for f in due:
                 f.dirty = False

@@ -41,11 +41,14 @@ class Flusher:
     abort: Callable[[Flight], None]  # asks the engine loop to abort a run
     connectivity: Connectivity = field(default_factory=Connectivity)
     clock: Clock = field(default_factory=Clock)
+    # Set once a batch's job has ended here: its batch may be done, to finalize now (worker/reconciler.py).
+    batch_jobs_ended: threading.Event = field(default_factory=threading.Event)
 
     def __post_init__(self) -> None:
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="pagedq-flusher", daemon=True)
         self._failures = 0  # rounds failed in a row
+        self._progress_at = -float("inf")  # when a round last wrote every run's progress (monotonic)
 
     def start(self) -> None:
         self._thread.start()
@@ -76,17 +79,22 @@ class Flusher:
         return min(self.flush_interval * 2**failures, self.heartbeat_interval)
 
     def _run(self) -> None:
-        """Write and poll cancels. A failed round is tried again, backing off; until one succeeds the worker
-        does not heartbeat, so after the heartbeat timeout other workers take its jobs over (its later
-        writes then find them lost, and it aborts them)."""
+        """Write and poll cancels. A run's end is written at once (a round as soon as one ends); progress and
+        cancels every flush interval: with many runs some end at nearly every step, and writing all the
+        others' few new tokens each time was most of a busy worker's writing. A failed round is tried
+        again, backing off; until one succeeds the worker does not heartbeat, so after the heartbeat timeout
+        other workers take its jobs over (its later writes then find them lost, and it aborts them)."""
         name_this_thread("pagedq-flusher")
         failing_since = 0.0
         while not (self._stopping.is_set() and not self.flights):
             self.flights.wake.wait(self._next_round_in())
             self.flights.wake.clear()
+            progress = time.monotonic() - self._progress_at >= self.flush_interval
             try:
-                self._flush()
-                self._poll_cancellations()
+                self._flush(progress)
+                if progress:
+                    self._progress_at = time.monotonic()
+                    self._poll_cancellations()
             except Exception as error:
                 self._failures += 1
                 failing_since = failing_since or time.monotonic()
@@ -105,9 +113,10 @@ class Flusher:
             self._give_up_unwritten()
 
     def _next_round_in(self) -> float:
-        """The flush interval, cut short by a drain deadline: a grace shorter than the interval is kept."""
+        """Until progress is due, cut short by a drain deadline: a grace shorter than the interval is kept."""
+        due = max(0.0, self._progress_at + self.flush_interval - time.monotonic())
         left = self.drain.seconds_to_deadline()
-        return self.flush_interval if left is None else min(self.flush_interval, left)
+        return due if left is None else min(due, left)
 
     def _failed(self, error: Exception, failures: int) -> None:
         """One log line per failed round, naming what waits to be written."""
@@ -133,8 +142,8 @@ class Flusher:
             },
         )
 
-    def _flush(self) -> None:
-        with self.flights.unwritten(self.clock) as snapshot:
+    def _flush(self, progress: bool) -> None:
+        with self.flights.unwritten(self.clock, progress) as snapshot:
             self._store(snapshot)
 
     def _store(self, snapshot: list[Progress]) -> None:
@@ -148,7 +157,9 @@ class Flusher:
             if p.status is not None and p.job_id in lost:
                 logger.warning("result not written: the job is no longer ours", extra={"job_id": p.job_id})
             if p.status is not None or p.job_id in lost:
-                self._release(p.job_id, lost=p.job_id in lost and p.status is None)
+                flight = self._release(p.job_id, lost=p.job_id in lost and p.status is None)
+                if flight.job.in_batch and p.job_id not in lost:
+                    self.batch_jobs_ended.set()
         for p in requeues:
             priority = self.store.requeue(p.job_id, p.attempt)
             if priority is not None:
@@ -163,12 +174,13 @@ class Flusher:
                 "could not publish a requeued job", extra={"job_id": job_id, "error": describe(error)}
             )
 
-    def _release(self, job_id: str, lost: bool) -> None:
+    def _release(self, job_id: str, lost: bool) -> Flight:
         flight = self.flights.release(job_id)
         if lost:  # another run owns the job now (we were presumed dead) or it was deleted
             logger.warning("job no longer ours; aborting", extra={"job_id": job_id})
             self.abort(flight)
         flight.done.set()
+        return flight
 
     def _give_up_unwritten(self) -> None:
         """Past the give-up time, runs whose end is still unwritten are released as such: their messages go

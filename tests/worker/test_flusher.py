@@ -200,6 +200,39 @@ def test_a_claimed_run_says_when_it_started_before_the_engine_has_produced_anyth
     assert after.token_times_ms[0] >= 0
 
 
+def test_an_end_is_written_at_once_and_the_other_runs_progress_waits_for_the_flush_interval(
+    store, recorder, tmp_path
+):
+    health = WorkerHealth(tmp_path / "worker-status.json", refresh_every=1.0, worker_id="w1")
+    flights = Flights()
+    writer = Flusher(
+        flights,
+        store,
+        Drain(write_grace=0.5),
+        health,
+        "w1",
+        600.0,
+        0.2,
+        recorder.publish,
+        recorder.aborted.append,
+    )
+    ending, going_on = claimed(store, flights), claimed(store, flights)
+    produce(flights, going_on, "Once")
+    writer.start()  # its first round writes every run's progress; the next is due in 600 s
+    try:
+        wait_for(lambda: row(store, going_on.job.id).output_text == "Once", 10, "the first progress")
+        produce(flights, going_on, " upon")
+        flights.end(ending, JobStatus.SUCCEEDED, finish_reason="stop")
+        assert ending.done.wait(10), "an end waited for the flush interval"
+        assert row(store, ending.job.id).status == JobStatus.SUCCEEDED
+        assert row(store, going_on.job.id).output_text == "Once", "a round for an end wrote all progress"
+        assert going_on.dirty
+    finally:
+        flights.end(going_on, JobStatus.SUCCEEDED, finish_reason="stop")
+        writer.stop()
+    assert row(store, going_on.job.id).output_text == "Once upon"
+
+
 def test_a_drain_deadline_sooner_than_the_flush_interval_is_waited_for_not_slept_past() -> None:
     from worker.drain import Drain
 
