@@ -43,6 +43,10 @@ class BatchKeeper:
         self.expire()
         self.stop_unfinished()
         self.estimate()
+        self.finalize_done()
+
+    def finalize_done(self) -> None:
+        """Finalize every batch whose jobs have all ended (and take over finalizations presumed dead)."""
         for batch_id in self.ready():
             self.finalize(batch_id)
 

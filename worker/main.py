@@ -157,6 +157,7 @@ def serve(
         Purger(store.sessions, settings.purge_chunk, stream_dropper(settings)),
         settings.purge_interval,
         host.connectivity,
+        wake=host.flusher.batch_jobs_ended,
     )
     register_probe_queue(app, reconciler, connections.turns)
     facts = {"worker_id": worker_id, "model": entry.name, "kind": entry.kind, "queue": queue}
@@ -172,6 +173,7 @@ def serve(
         consume(app, settings, queue, settings.worker_concurrency or engine_config.max_num_seqs)
     finally:
         stop_reconciling.set()
+        reconciler.wake.set()
         host.stop()
         if streamer is not None:
             streamer.close()

@@ -1,6 +1,7 @@
 """Nothing is lost: jobs of dead workers go back to the queue, and queued jobs without a message get one.
 Each round also moves batches along (``worker/batches.py``), and every ``PAGEDQ_PURGE_INTERVAL`` it
-deletes what retention has expired (``core/purge.py``).
+deletes what retention has expired (``core/purge.py``). Between rounds, when a batch's job ends here
+(the flusher says so), the batches whose jobs have all ended are finalized at once, not a round later.
 
 A lost message is told from one still waiting in the broker by a probe, not by reading the broker: a
 broker queue is first in, first out within a priority step, so when a probe published at time S is
@@ -39,6 +40,7 @@ from worker.store import JobStore, database_away
 logger = logging.getLogger("pagedq.worker")
 
 Probe = Callable[[int, datetime], None]  # (broker priority step, published before) -> publish a probe
+BATCH_CHECK_S = 0.5  # the least time between two looks for finished batches, however often batch jobs end
 
 
 @dataclass
@@ -54,17 +56,31 @@ class Reconciler:
     connectivity: Connectivity = field(default_factory=Connectivity)  # shared with the worker's other roles
     probed: dict[int, float] = field(default_factory=dict)  # step -> when this reconciler last probed it
     purged: float = -float("inf")  # when this reconciler last purged (monotonic)
+    wake: threading.Event = field(default_factory=threading.Event)  # a batch's job ended here, or stop
 
     def run(self, interval: float, stop: threading.Event) -> None:
+        """A round every ``interval`` seconds until ``stop`` (set ``wake`` with it: it cuts the wait)."""
         name_this_thread("pagedq-reconcile")
-        while not stop.wait(interval):
-            if self._try("reconcile", self.reconcile):
-                self.connectivity.succeeded()
-            if self.batches is not None:
-                self._try("keeping batches", self.batches.keep)
-            if self.purger is not None and time.monotonic() - self.purged >= self.purge_interval:
-                self.purged = time.monotonic()
-                self._try("purging expired objects", self.purger.purge)
+        next_round = time.monotonic() + interval
+        while not stop.is_set():
+            if self.wake.wait(max(0.0, next_round - time.monotonic())):
+                self.wake.clear()
+                if self.batches is not None and not stop.is_set():
+                    self._try("finalizing batches", self.batches.finalize_done)
+                    stop.wait(BATCH_CHECK_S)
+                continue
+            if not stop.is_set():
+                self._round()
+            next_round = time.monotonic() + interval
+
+    def _round(self) -> None:
+        if self._try("reconcile", self.reconcile):
+            self.connectivity.succeeded()
+        if self.batches is not None:
+            self._try("keeping batches", self.batches.keep)
+        if self.purger is not None and time.monotonic() - self.purged >= self.purge_interval:
+            self.purged = time.monotonic()
+            self._try("purging expired objects", self.purger.purge)
 
     def _try(self, what: str, step: Callable[[], None]) -> bool:
         """A failed round is tried again next round. A database outage gets one line (the flusher logs

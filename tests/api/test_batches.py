@@ -181,6 +181,20 @@ def test_chat_batch_round_trip_through_the_openai_sdk(client, api_url, worker, s
     assert alone["usage"]["prompt_tokens"] == jobs[ids[0]]["usage"]["prompt_tokens"]
 
 
+def test_a_batch_is_finalized_as_its_last_job_ends_not_a_reconcile_round_later(
+    client, settings, db, tmp_path
+):
+    rare_rounds = settings.model_copy(update={"reconcile_interval": 600.0})  # no round within the test
+    worker = start_worker(rare_rounds, db, tmp_path / "worker.log")
+    try:
+        batch = start_batch(client, [request_line(f"r{i}", chat(i)) for i in range(3)])
+        completed = wait_status(client, batch.id, {"completed", "failed"}, timeout=60)
+    finally:
+        worker.stop()
+    assert completed.status == "completed" and completed.request_counts.completed == 3
+    assert completed.output_file_id is not None
+
+
 def test_completions_batch_returns_text_completions_equal_to_the_jobs(client, api_url, worker):
     prompts = [f"The quick brown fox {i} jumps over" for i in range(6)]
     lines = [
