@@ -63,15 +63,16 @@ class Reconciler:
         name_this_thread("pagedq-reconcile")
         next_round = time.monotonic() + interval
         while not stop.is_set():
-            if self.wake.wait(max(0.0, next_round - time.monotonic())):
-                self.wake.clear()
-                if self.batches is not None and not stop.is_set():
-                    self._try("finalizing batches", self.batches.finalize_done)
-                    stop.wait(BATCH_CHECK_S)
-                continue
-            if not stop.is_set():
-                self._round()
-            next_round = time.monotonic() + interval
+            woken = self.wake.wait(max(0.0, next_round - time.monotonic()))
+            self.wake.clear()
+            if stop.is_set():
+                return
+            if time.monotonic() >= next_round:  # first: batch jobs that end all the time must not starve it
+                self._round()  # which finalizes what is done too
+                next_round = time.monotonic() + interval
+            elif woken and self.batches is not None:
+                self._try("finalizing batches", self.batches.finalize_done)
+                stop.wait(BATCH_CHECK_S)
 
     def _round(self) -> None:
         if self._try("reconcile", self.reconcile):

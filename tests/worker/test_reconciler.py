@@ -11,10 +11,13 @@ import pytest
 from sqlalchemy.exc import OperationalError
 
 from core.db import make_db_engine, make_sessionmaker
+from core.queue import make_celery
 from core.settings import Settings
 from core.states import JobStatus
+from core.webhooks import Outbox
 from tests.support.roles import MODEL, add_job, database_away, row
 from tests.support.services import wait_for
+from worker.batches import BatchKeeper
 from worker.reconciler import Reconciler
 from worker.store import JobStore
 
@@ -72,3 +75,29 @@ def beat(store: JobStore, worker_id: str, stop: threading.Event) -> None:
     while not stop.wait(TIMEOUT / 6):
         with suppress(OperationalError):
             store.heartbeat(worker_id, {})
+
+
+def test_rounds_go_on_while_batch_jobs_end_all_the_time(service_settings, store):
+    """The flusher wakes the reconciler at every end of a batch's job (to finalize a batch without waiting
+    for a round); a batch whose jobs end at every step must not keep its rounds (orphans, probes, expiry)
+    from coming."""
+    batches = BatchKeeper(store.sessions, Outbox(service_settings, make_celery(service_settings)))
+    reconciler = Reconciler(store, lambda *_: None, lambda *_: None, TIMEOUT, 60.0, batches)
+    stop = threading.Event()
+    rounds = threading.Thread(target=reconciler.run, args=(0.1, stop), daemon=True)
+
+    def end_batch_jobs() -> None:
+        while not stop.wait(0.005):
+            reconciler.wake.set()
+
+    ending = threading.Thread(target=end_batch_jobs, daemon=True)
+    rounds.start()
+    ending.start()
+    try:
+        wait_for(lambda: reconciler.connectivity.connected_for() > 0, 10, "a round")
+    finally:
+        stop.set()
+        reconciler.wake.set()
+        rounds.join(10)
+        ending.join(10)
+    assert not rounds.is_alive()
