@@ -45,8 +45,9 @@ def test_the_heartbeat_lands_on_time_while_claims_wait_on_a_locked_jobs_table(
         )  # every claim waits, holding its connection
         worker = start_worker(settings, db, tmp_path / "worker.log")
         try:
-            # Its turns on the database all wait on the lock (and so does its reconciler, once it judges).
-            wait_for(lambda: lock_waiters(admin, name) >= CLAIM_TURNS, 60, "the claims to wait on the lock")
+            # A claim's pick waits on the lock, the other turns for their picks (one at a time), and so
+            # does its reconciler once it judges.
+            wait_for(lambda: lock_waiters(admin, name) >= 1, 60, "the claims to wait on the lock")
             watch_until = time.monotonic() + 2 * settings.heartbeat_timeout
             while time.monotonic() < watch_until:
                 age = heartbeat_age(db, worker.popen.pid)
