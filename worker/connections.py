@@ -16,8 +16,9 @@ from sqlalchemy.orm import Session, sessionmaker
 from core.db import make_db_engine, make_sessionmaker
 from core.settings import Settings
 
-# A claim holds its connection for a few ms; more turns than this only queue in PostgreSQL (a pick reads
-# every queued row of the model) and take connections from other workers.
+# A claim holds its connection for a few ms: its pick one at a time in the worker (worker/store.py), its
+# UPDATE beside the other turns'; more turns than this only queue in PostgreSQL and take connections from
+# other workers.
 CLAIM_TURNS = 4
 
 # Who uses the jobs engine at once: Celery threads in turns (claims and the reconciler's probes), the
