@@ -6,6 +6,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from bench import gpu_wheels
@@ -14,6 +15,7 @@ from bench.gpu_check.plan import Step
 
 REPO = Path(__file__).resolve().parents[2]
 KILL_GRACE_S = 15
+REPORT_POLL_S = 2
 LOG_TAIL_LINES = 40
 
 
@@ -28,10 +30,17 @@ def step_env(dry_run: bool) -> dict[str, str]:
     return env
 
 
-def run_step(step: Step, dry_run: bool, log: Path) -> tuple[Outcome, float]:
-    """The step's outcome and its wall time. Past its limit the step's whole process group is killed;
-    what it reported so far is kept, marked timed out."""
-    limit = step.dry_budget_s if dry_run else step.budget_s
+def run_step(
+    step: Step,
+    dry_run: bool,
+    log: Path,
+    limit: float | None = None,
+    on_report: Callable[[Outcome], None] | None = None,
+) -> tuple[Outcome, float]:
+    """The step's outcome and its wall time. Past ``limit`` (default: the step's own) the step's whole
+    process group is killed; what it reported so far is kept, marked timed out. ``on_report`` gets each
+    outcome the step reports while it runs, so that a command killed from outside still leaves it."""
+    limit = limit or (step.dry_budget_s if dry_run else step.budget_s)
     with tempfile.TemporaryDirectory(prefix=f"gpu-check-{step.number}-") as tmp:
         outcome_file = Path(tmp) / "outcome.json"
         command = [sys.executable, "-m", "bench.gpu_check", "--child", step.entry, "--workdir", tmp]
@@ -49,12 +58,12 @@ def run_step(step: Step, dry_run: bool, log: Path) -> tuple[Outcome, float]:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-            code = _wait(process, limit)
+            code = _wait(process, limit, outcome_file, on_report or (lambda _: None))
             seconds = time.monotonic() - start
         outcome = read_outcome(outcome_file)
     if code is None:
         outcome = outcome or Outcome(TIMED_OUT)
-        note = f"Cut off at its limit of {limit} s; the figures above are what it had measured by then."
+        note = f"Cut off at its limit of {limit:.0f} s; the figures above are what it had measured by then."
         return Outcome(TIMED_OUT, outcome.figure, f"{outcome.details}\n\n{note}".strip()), seconds
     if outcome is None or (code != 0 and not outcome.failed):
         tail = "\n".join(log.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:])
@@ -63,12 +72,21 @@ def run_step(step: Step, dry_run: bool, log: Path) -> tuple[Outcome, float]:
     return outcome, seconds
 
 
-def _wait(process: subprocess.Popen[bytes], limit: float) -> int | None:
-    """The exit code, or None when the limit passed (the process group is then killed)."""
-    try:
-        return process.wait(limit)
-    except subprocess.TimeoutExpired:
-        pass
+def _wait(
+    process: subprocess.Popen[bytes], limit: float, outcome_file: Path, on_report: Callable[[Outcome], None]
+) -> int | None:
+    """The exit code, or None when the limit passed (the process group is then killed). Meanwhile each
+    outcome the step reports goes to ``on_report``."""
+    deadline, reported = time.monotonic() + limit, 0
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            return process.wait(min(REPORT_POLL_S, left))
+        except subprocess.TimeoutExpired:
+            pass
+        changed = outcome_file.stat().st_mtime_ns if outcome_file.exists() else 0
+        if changed != reported and (outcome := read_outcome(outcome_file)) is not None:
+            reported = changed
+            on_report(outcome)
     for sig, grace in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, None)):
         try:
             os.killpg(process.pid, sig)

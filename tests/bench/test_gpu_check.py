@@ -1,6 +1,7 @@
 """The GPU runbook (``python -m bench.gpu_check``) keeps running on machines without a GPU: its dry run does
 every step at tiny sizes on the CPU, and the runner records steps that fail, die or overrun and goes on."""
 
+import argparse
 import subprocess
 import sys
 import time
@@ -10,7 +11,8 @@ import pytest
 
 from bench import gpu_wheels
 from bench.gpu_check import results
-from bench.gpu_check.outcome import FAIL, NEEDS_CUDA, PASS, RAN, SKIPPED, TIMED_OUT, Outcome
+from bench.gpu_check.__main__ import run_one
+from bench.gpu_check.outcome import FAIL, NEEDS_CUDA, PASS, RAN, RUNNING, SKIPPED, TIMED_OUT, Outcome
 from bench.gpu_check.plan import STEPS, Step, select
 from bench.gpu_check.runner import run_step
 
@@ -63,11 +65,26 @@ def fake(entry: str, limit: int) -> Step:
 
 
 def test_a_step_past_its_limit_is_cut_off_and_keeps_what_it_reported(tmp_path: Path) -> None:
-    start = time.monotonic()
-    outcome, seconds = run_step(fake("slow", 3), dry_run=True, log=tmp_path / "log")
+    start, reported = time.monotonic(), []
+    outcome, seconds = run_step(
+        fake("slow", 3), dry_run=True, log=tmp_path / "log", on_report=reported.append
+    )
+    assert [r.figure for r in reported] == ["measured before the cut"]  # handed on while the step ran
     assert outcome.result == TIMED_OUT and outcome.figure == "measured before the cut"
     assert "half the work" in outcome.details and "Cut off at its limit of 3 s" in outcome.details
     assert 3 <= seconds < 30 and time.monotonic() - start < 30
+
+
+def test_within_cuts_a_step_to_the_time_left_and_skips_one_that_cannot_start(tmp_path: Path) -> None:
+    args = argparse.Namespace(dry_run=True, log=tmp_path / "log", within=100)
+    run, saved = results.Run("2026-11-30 15:00 UTC", "CPU", "commit aaa", True), []
+    save = lambda: saved.append(run.steps[99])  # noqa: E731
+    run_one(fake("deadline", 600), args, run, save, left_s=40)
+    assert saved[0].result == RUNNING and saved[0].limit_s == 40
+    assert saved[-1].result == PASS and 30 <= int(saved[-1].figure) <= 40  # the step's own deadline
+
+    run_one(fake("deadline", 600), args, run, save, left_s=12)
+    assert saved[-1].result == SKIPPED and saved[-1].figure == "no time: 12 s left of --within 100"
 
 
 def test_a_step_that_raises_or_dies_is_a_failure_with_its_reason(tmp_path: Path) -> None:
