@@ -111,6 +111,11 @@ def owner_column(index: bool = True) -> Mapped[str | None]:
     return mapped_column(String(36), ForeignKey("api_keys.id"), index=index)
 
 
+# A queued job's completion window on SQLite (text datetimes), in whole ms; -1: none (worker/fair.lite_group).
+LITE_WINDOW = "coalesce(round((julianday(deadline_at) - julianday(queued_at)) * 86400000), -1)"
+LITE_FAIR_HEADS = ("model", text("coalesce(key_id, '')"), "priority", text(LITE_WINDOW), "queued_at")
+
+
 class Job(Base):
     __tablename__ = "jobs"
 
@@ -213,6 +218,20 @@ class Job(Base):
             "id",
             postgresql_where=text("status = 'queued' AND NOT cancel_requested AND prefix_key IS NOT NULL"),
         ).ddl_if(dialect="postgresql"),
+        # Both on SQLite, whose window is worker/fair.lite_group's; step 5 probes a batch's lines by key.
+        Index(
+            "ix_jobs_fair_heads_lite",
+            *LITE_FAIR_HEADS,
+            "id",
+            sqlite_where=text("status = 'queued' AND cancel_requested = 0"),
+        ).ddl_if(dialect="sqlite"),
+        Index(
+            "ix_jobs_queued_prefix_lite",
+            *LITE_FAIR_HEADS,
+            "prefix_key",
+            "id",
+            sqlite_where=text("status = 'queued' AND cancel_requested = 0 AND prefix_key IS NOT NULL"),
+        ).ddl_if(dialect="sqlite"),
         # A running job's row is rewritten at every flush: room left on its page keeps each new version
         # there (a HOT update: none of its ten indexes touched). Full pages moved 70% of them elsewhere.
         {"postgresql_with": {"fillfactor": 50}},

@@ -27,6 +27,7 @@ row's batch for a line whose key this worker holds (``ix_jobs_queued_prefix``, a
 per group (owners x priorities x windows in the queue), not per queued job.
 """
 
+import json
 from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -36,6 +37,7 @@ from sqlalchemy import (
     BigInteger,
     Integer,
     Select,
+    String,
     bindparam,
     case,
     cast,
@@ -51,6 +53,9 @@ from sqlalchemy import (
     tuple_,
     values,
 )
+from sqlalchemy.engine import Connection
+from sqlalchemy.orm import aliased
+from sqlalchemy.orm.util import AliasedClass
 from sqlalchemy.sql import ColumnElement
 
 from core.models import Job, UTCDateTime
@@ -63,6 +68,21 @@ GROUP = (
     literal_column("coalesce(jobs.deadline_at - jobs.queued_at, interval '-1 second')"),
 )
 NO_WINDOW = timedelta(seconds=-1)
+
+
+def lite_group(jobs: type[Job] | AliasedClass[Job]) -> tuple[ColumnElement[object], ...]:
+    """GROUP on SQLite, whose datetimes are text. Literals, not bound parameters, so that the expressions
+    are ``ix_jobs_fair_heads_lite``'s."""
+    owner = func.coalesce(jobs.key_id, literal_column("''"))
+    return owner, jobs.priority, lite_window(jobs.deadline_at, jobs.queued_at)
+
+
+def lite_window(deadline: ColumnElement[datetime], queued: ColumnElement[datetime]) -> ColumnElement[object]:
+    """core/models.LITE_WINDOW: the window in whole milliseconds (SQLite's julian days hold milliseconds)."""
+    ms = func.round((func.julianday(deadline) - func.julianday(queued)) * literal_column("86400000"))
+    return func.coalesce(ms, literal_column("-1"))
+
+
 NO_DEADLINE = literal(datetime(9999, 12, 31, tzinfo=UTC), UTCDateTime)  # after every deadline
 # Literal, so that the planner proves ix_jobs_fair_heads' predicate whatever plan it caches.
 QUEUED_ROWS = (literal_column("jobs.status = 'queued'"), not_(Job.cancel_requested))
@@ -128,14 +148,15 @@ def skipping(skip: Collection[str]) -> dict[str, list[str]]:
 
 @cache
 def fairest(
-    model: str, aging: float, indexed: bool
+    model: str, aging: float, dialect: str
 ) -> Select[tuple[str, int | None, str | None, int, datetime | None, datetime]]:
     """The fairest queued job of ``model`` but those in ``skip`` (bound: ``skipping``; steps 1-4
-    and 6, no prefix preference), with what ``Submitted`` needs; ``indexed``: through the groups' heads
-    (PostgreSQL), else by ordering every queued row (SQLite, the embedded mode's few). Step 2's count is
-    read in the same statement: each key's jobs running on the model or in ``skip`` (being claimed here)."""
+    and 6, no prefix preference), with what ``Submitted`` needs: through the groups' heads on PostgreSQL
+    and SQLite, else by ordering every queued row. Step 2's count is read in the same statement: each
+    key's jobs running on the model or in ``skip`` (being claimed here)."""
     queued = [*_queued(model, ()), Job.id.not_in(SKIP)]
-    candidates = _heads(model, queued) if indexed else select(Job.id).where(*queued)
+    heads = {"postgresql": _heads, "sqlite": _lite_heads}.get(dialect)
+    candidates = heads(model, queued) if heads else select(Job.id).where(*queued)
     owner = func.coalesce(Job.key_id, "")
     held_here = or_(Job.status == JobStatus.RUNNING, Job.id.in_(SKIP_HELD))
     held = select(owner.label("owner"), func.count().label("n")).where(Job.model == model, held_here)
@@ -157,24 +178,36 @@ class Submitted:
     priority: int
     deadline_at: datetime | None
     queued_at: datetime
-    indexed: bool  # by GROUP, so that ix_jobs_fair_heads finds them (PostgreSQL)
+    dialect: str  # PostgreSQL: by GROUP, so that ix_jobs_fair_heads finds them
 
-    def mine(self, prefixes: Prefixes) -> Select[tuple[str]]:
+    def first_mine(self, connection: Connection, prefixes: Prefixes) -> str | None:
         """The first of them whose prefix this worker holds: a probe per key."""
-        if not self.indexed:
+        if self.dialect == "sqlite":
+            return connection.execute(lite_probes(self.model)[0], self._lite_params(prefixes)).scalar()
+        return connection.execute(self._mine(prefixes)).scalar()
+
+    def first_free(self, connection: Connection, prefixes: Prefixes) -> str | None:
+        """The first of them whose prefix no other worker holds (skipping those the others hold)."""
+        if self.dialect == "sqlite":
+            return connection.execute(lite_probes(self.model)[1], self._lite_params(prefixes)).scalar()
+        free = or_(Job.prefix_key.is_(None), Job.prefix_key.not_in(prefixes.others))
+        return connection.execute(self._rows().where(free).order_by(Job.id).limit(1)).scalar()
+
+    def _mine(self, prefixes: Prefixes) -> Select[tuple[str]]:
+        if self.dialect != "postgresql":
             held_here = self._rows().where(Job.prefix_key.in_(prefixes.mine))
             return held_here.order_by(Job.id).limit(1)
         held = values(column("key", BigInteger), name="held").data([(key,) for key in prefixes.mine])
         first = self._rows().where(Job.prefix_key == held.c.key).order_by(Job.id).limit(1).lateral("first")
         return select(first.c.id).select_from(held).join(first, true()).order_by(first.c.id).limit(1)
 
-    def free(self, prefixes: Prefixes) -> Select[tuple[str]]:
-        """The first of them whose prefix no other worker holds (skipping those the others hold)."""
-        free = or_(Job.prefix_key.is_(None), Job.prefix_key.not_in(prefixes.others))
-        return self._rows().where(free).order_by(Job.id).limit(1)
+    def _lite_params(self, prefixes: Prefixes) -> dict[str, object]:
+        mine, others = (json.dumps(sorted(keys)) for keys in (prefixes.mine, prefixes.others))
+        group = {"owner": self.key_id or "", "priority": self.priority, "mine": mine, "others": others}
+        return group | {"deadline": self.deadline_at, "queued": self.queued_at, "skip": sorted(self.skip)}
 
     def _rows(self) -> Select[tuple[str]]:
-        if self.indexed:
+        if self.dialect == "postgresql":
             window = NO_WINDOW if self.deadline_at is None else self.deadline_at - self.queued_at
             group = (self.key_id or "", self.priority, window)
             same = [c == literal(v) for c, v in zip(GROUP, group, strict=True)]
@@ -183,6 +216,26 @@ class Submitted:
             same = [owner.is_not_distinct_from(self.key_id), deadline.is_not_distinct_from(self.deadline_at)]
             same.append(Job.priority == self.priority)
         return select(Job.id).where(*_queued(self.model, self.skip), *same, Job.queued_at == self.queued_at)
+
+
+@cache
+def lite_probes(model: str) -> tuple[Select[tuple[str | None]], Select[tuple[str]]]:
+    """Step 5's two probes on SQLite, ``first_mine``'s and ``first_free``'s, built once (building them
+    cost more than running them) and bound by ``Submitted._lite_params``: the keys as JSON tables (no
+    VALUES list or LATERAL there); ``ix_jobs_queued_prefix_lite`` and ``ix_jobs_fair_heads_lite``."""
+    deadline, queued = bindparam("deadline", type_=UTCDateTime), bindparam("queued", type_=UTCDateTime)
+    group = (
+        bindparam("owner", type_=String),
+        bindparam("priority", type_=Integer),
+        lite_window(deadline, queued),
+    )
+    same = (c == v for c, v in zip(lite_group(Job), group, strict=True))
+    rows = select(Job.id).where(*_queued(model, ()), Job.id.not_in(SKIP), *same, Job.queued_at == queued)
+    held = func.json_each(bindparam("mine", type_=String)).table_valued("value")
+    first = rows.where(Job.prefix_key == held.c.value).order_by(Job.id).limit(1).scalar_subquery()
+    others = func.json_each(bindparam("others", type_=String)).table_valued("value")
+    free = or_(Job.prefix_key.is_(None), Job.prefix_key.not_in(select(others.c.value)))
+    return select(func.min(first)).select_from(held), rows.where(free).order_by(Job.id).limit(1)
 
 
 def _queued(model: str, skip: Collection[str]) -> list[ColumnElement[bool]]:
@@ -204,3 +257,30 @@ def _heads(model: str, queued: list[ColumnElement[bool]]) -> Select[tuple[str]]:
     order = (Job.queued_at, Job.id)  # the index's, in a group
     head = select(Job.id).where(*queued, *in_group).order_by(*order).limit(1).lateral("head")
     return select(head.c.id).select_from(groups).join(head, true())
+
+
+def _lite_heads(model: str, queued: list[ColumnElement[bool]]) -> Select[tuple[str]]:
+    """``_heads`` on SQLite, which has no LATERAL: the recursion carries a row of each group, from which
+    correlated subqueries find the next group's first row and the group's first row not in ``skip``, each
+    by a probe of ``ix_jobs_fair_heads_lite``."""
+    ours = (Job.model == model, *QUEUED_ROWS)
+    in_order = (*lite_group(Job), Job.queued_at, Job.id)
+
+    def first(*where: ColumnElement[bool], equal: int = 0) -> ColumnElement[str]:
+        """The first row in ``where``, whose first ``equal`` group columns are fixed: left out of the order,
+        or SQLite sorts the rows rather than walk the index."""
+        return select(Job.id).where(*ours, *where).order_by(*in_order[equal:]).limit(1).scalar_subquery()
+
+    row = aliased(Job, name="group_row")
+    (g0, g1, g2), (r0, r1, r2) = lite_group(Job), lite_group(row)
+    # The next group: after the row's in its last column, else its middle one, else its first; as three
+    # probes, since SQLite walks an index range for one column past equal ones, not for a row value.
+    following = func.coalesce(
+        first(g0 == r0, g1 == r1, g2 > r2, equal=2), first(g0 == r0, g1 > r1, equal=1), first(g0 > r0)
+    )
+    groups = select(first().label("id")).cte("fair_groups", recursive=True)
+    groups = groups.union_all(select(following).select_from(groups).join(row, row.id == groups.c.id))
+    head = (
+        select(Job.id).where(*queued, g0 == r0, g1 == r1, g2 == r2).order_by(Job.queued_at, Job.id).limit(1)
+    )
+    return select(head.scalar_subquery()).select_from(groups).join(row, row.id == groups.c.id)

@@ -179,7 +179,8 @@ def prefix_holders(model: str) -> CompoundSelect:
     bound: this one's)."""
     here = or_(Job.worker_id == bindparam("worker_id"), Job.id.in_(SKIP))
     running = select(Job.prefix_key, here.label("here"), cast(null(), JSONType).label("published"))
-    running = running.where(Job.model == model, or_(Job.status == JobStatus.RUNNING, here))
+    # Not every row this worker ran: its ended jobs are its history, which grows (its cache is ``cached``).
+    running = running.where(Job.model == model, or_(Job.status == JobStatus.RUNNING, Job.id.in_(SKIP)))
     others = Worker.model == model, Worker.id != bindparam("worker_id")
     published = select(cast(null(), BigInteger), false(), Worker.prefix_keys).where(*others)
     return union_all(running, published)
@@ -229,15 +230,15 @@ def waiting_since(model: str, published_before: datetime) -> tuple[Any, ...]:
     return (Job.model == model, Job.status == JobStatus.QUEUED, published)
 
 
-def _preferred(session: Session, rows: Submitted, best: Row[Any], prefixes: Prefixes) -> str:
+def _preferred(connection: Connection, rows: Submitted, best: Row[Any], prefixes: Prefixes) -> str:
     """Fair share's step 5 among ``rows``, whose first (by id) is ``best``."""
     if best.prefix_key in prefixes.mine:
         return best.id  # type: ignore[no-any-return]
-    if prefixes.mine and (mine := session.scalar(rows.mine(prefixes))) is not None:
+    if prefixes.mine and (mine := rows.first_mine(connection, prefixes)) is not None:
         return mine
     if best.prefix_key is None or best.prefix_key not in prefixes.others:
         return best.id  # type: ignore[no-any-return]
-    return session.scalar(rows.free(prefixes)) or best.id
+    return rows.first_free(connection, prefixes) or best.id
 
 
 @dataclass
@@ -292,14 +293,14 @@ class JobStore:
     def _pick(self, session: Session, skip: set[str], worker_id: str) -> str | None:
         assert self.fair_aging is not None
         connection = session.connection()
-        indexed = connection.dialect.name == "postgresql"
-        statement = fairest(self.model, self.fair_aging, indexed)
+        dialect = connection.dialect.name
+        statement = fairest(self.model, self.fair_aging, dialect)
         best = connection.execute(statement, skipping(skip)).one_or_none()
         if best is None or not self.prefix_aware:
             return None if best is None else best.id  # type: ignore[no-any-return]
-        submitted = Submitted(self.model, skip, *best[2:], indexed)
+        submitted = Submitted(self.model, skip, *best[2:], dialect)
         return _preferred(
-            session,
+            connection,
             submitted,
             best,
             prefixes_held(connection, self.model, skip, worker_id, self.held_prefixes()),

@@ -11,7 +11,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from sqlalchemy import or_, select, text
+from sqlalchemy import event, or_, select, text
 
 from core import keys
 from core.db import make_db_engine, make_sessionmaker
@@ -159,6 +159,25 @@ def test_a_batch_runs_prefix_by_prefix_those_held_here_first(store):
     assert order == [middle] * 4 + [low] * 4 + [high] * 4
 
 
+@pytest.mark.parametrize("dialect", ["postgresql", "sqlite"])
+def test_a_prefix_this_worker_ran_before_is_not_held_by_its_ended_job(request, dialect):
+    """What a worker ran and ended is its history, not a run holding a prefix (its engine's cache says
+    what it still holds): the batch's first line comes first."""
+    store = request.getfixturevalue("store" if dialect == "postgresql" else "sqlite_store")
+    store.prefix_aware = True
+    now = utcnow()
+    with store.sessions.begin() as session:
+        ended = job(None, 10, now - timedelta(minutes=5), None, 2)
+        ended.status, ended.worker_id = JobStatus.SUCCEEDED, "w"
+        session.add(ended)
+        session.flush()
+        lines = [job(None, 10, now, now + timedelta(hours=1), key) for key in (1, 2, 2)]
+        for number, line in enumerate(lines):
+            line.id = f"job_{number}"  # by id: the line of the prefix not held first
+        session.add_all(lines)
+    assert store.pick("any", set(), "w") == lines[0].id
+
+
 def test_the_pick_reads_a_few_rows_per_group_not_every_queued_row(store):
     """5,000 queued lines in 4 groups (2 keys x 2 windows): the plan walks the index, never the table."""
     now = utcnow()
@@ -170,13 +189,42 @@ def test_the_pick_reads_a_few_rows_per_group_not_every_queued_row(store):
             session.add_all(job(key, 10, at, at + timedelta(hours=hours), i % 7) for i in range(1250))
     with store.sessions() as session:
         session.execute(text("ANALYZE jobs"))
-        statement = fairest(MODEL, AGING, indexed=True).params(skipping({"job_none"}))
+        statement = fairest(MODEL, AGING, "postgresql").params(skipping({"job_none"}))
         sql = str(statement.compile(session.get_bind(), compile_kwargs={"literal_binds": True}))
         plan = session.execute(text("EXPLAIN (ANALYZE, FORMAT JSON) " + sql.replace("%", "%%"))).scalar()
     nodes = list(walk((json.loads(plan) if isinstance(plan, str) else plan)[0]["Plan"]))
     scans = [node for node in nodes if node.get("Relation Name") == "jobs"]
     assert all(node["Node Type"] != "Seq Scan" for node in scans), [n["Node Type"] for n in scans]
     assert sum(node["Actual Rows"] * node["Actual Loops"] for node in scans) < 50
+
+
+def test_on_sqlite_the_pick_walks_the_groups_not_every_queued_row(sqlite_store):
+    """The embedded mode's pick (``ix_jobs_fair_heads_lite``, step 5 probing a batch in id order) does
+    about the same work (SQLite VM steps) with 10x the queued lines in the same 4 groups; ordering every
+    queued row, it did 10x."""
+    store, now, steps = sqlite_store, utcnow(), Counter[str]()
+    store.prefix_aware = True
+    event.listen(
+        store.sessions.kw["bind"],
+        "checkout",
+        lambda dbapi, *_: dbapi.set_progress_handler(lambda: steps.update(["vm"]), 100),
+    )
+    with store.sessions.begin() as session:
+        owner = keys.create(session, "one")[0].id
+        running = job(owner, 10, now, None, 3)  # its prefix is held here: step 5 probes for its lines
+        running.status, running.worker_id = JobStatus.RUNNING, "w"
+        session.add(running)
+    work = []
+    for lines in (125, 1250):
+        with store.sessions.begin() as session:
+            for key, hours in ((owner, 1), (owner, 24), (None, 1), (None, 24)):
+                at = now - timedelta(minutes=hours, seconds=lines)
+                session.add_all(job(key, 10, at, at + timedelta(hours=hours), i % 7) for i in range(lines))
+        steps.clear()
+        picked = store.pick("any", set(), "w")
+        work.append(steps["vm"])
+        assert picked == reference(store, set(), Prefixes(frozenset({3})))
+    assert work[1] < 2 * work[0], work
 
 
 def walk(node: dict) -> Iterator[dict]:
