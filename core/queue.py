@@ -10,6 +10,7 @@ from typing import Any
 
 from celery import Celery
 
+from core import file_broker
 from core.settings import Settings
 
 RUN_JOB_TASK = "pagedq.run_job"
@@ -75,9 +76,10 @@ def _broker_conf(settings: Settings) -> dict[str, Any]:
             "control_folder": str(folder / "control"),
             "polling_interval": 0.05,
         }
-        # Messages are files that survive a restart; remote control needs a real broker.
+        # Messages are files that survive a restart, each written whole (core/file_broker.py); remote
+        # control needs a real broker. A host in the URL, so that kombu does not warn of its absence.
         return {
-            "broker_url": "filesystem://localhost/",  # a host, so kombu does not warn of its absence
+            "broker_url": f"{file_broker.SCHEME}://localhost/",
             "broker_transport_options": options,
             "worker_enable_remote_control": False,
         }
