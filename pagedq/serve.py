@@ -152,11 +152,12 @@ class GracefulServer(uvicorn.Server):
 
 
 def serve_worker(settings: Settings, ready_fd: int | None = None, model: str | None = None) -> int:
-    """Refuses to start (1) for a model that is not served here, or one this build cannot serve."""
+    """Refuses to start (1) for a model that is not served here, or one this build cannot serve; exits
+    with Celery's status (not 0 when its consumer failed, so that `pagedq up` or a supervisor sees it)."""
     from worker.main import run_worker
 
     try:
-        run_worker(settings, ready_fd, model)
+        status = run_worker(settings, ready_fd, model)
     except ModelsError as error:
         print(f"pagedq: {error}", file=sys.stderr)
         return 1
@@ -165,7 +166,7 @@ def serve_worker(settings: Settings, ready_fd: int | None = None, model: str | N
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)
+    os._exit(status)
 
 
 def serve_webhooks(settings: Settings) -> None:

@@ -16,7 +16,8 @@ from typing import Any
 
 from celery import Celery
 from celery.exceptions import Reject
-from celery.signals import worker_ready, worker_shutting_down
+from celery.signals import worker_init, worker_ready, worker_shutting_down
+from celery.worker import WorkController
 
 from contract.engine import EngineConfig
 from core.purge import Purger
@@ -86,12 +87,13 @@ def served_entry(settings: Settings, model: str | None) -> ModelEntry:
     return model_named(settings, model) if model else default_model(settings)
 
 
-def run_worker(settings: Settings, ready_fd: int | None = None, model: str | None = None) -> None:
+def run_worker(settings: Settings, ready_fd: int | None = None, model: str | None = None) -> int:
     """Serves one model's queue until a signal (``model``: its served name; None: the first generate
     model); once it consumes, says so in a log record and, with ``ready_fd`` (``pagedq up``), as one JSON
-    line on that file descriptor. Raises ``ModelsError`` for a model that is not served here."""
+    line on that file descriptor. Returns Celery's exit status (not 0: its consumer failed). Raises
+    ``ModelsError`` for a model that is not served here."""
     entry = served_entry(settings, model)
-    serve(settings, entry, embedding if entry.kind == "embed" else generation, ready_fd)
+    return serve(settings, entry, embedding if entry.kind == "embed" else generation, ready_fd)
 
 
 def generation(engine_config: EngineConfig) -> EngineKind:
@@ -107,7 +109,7 @@ def generation(engine_config: EngineConfig) -> EngineKind:
 
 def serve(
     settings: Settings, entry: ModelEntry, kind_of: Callable[[EngineConfig], EngineKind], ready_fd: int | None
-) -> None:
+) -> int:
     """Serves the queue of the model ``entry`` with an engine of its kind until a signal (``run_worker``)."""
     worker_id = f"{socket.gethostname()}:{os.getpid()}"
     set_bookkeeping_nice(settings.bookkeeping_nice)
@@ -170,7 +172,7 @@ def serve(
         target=reconciler.run, args=(settings.reconcile_interval, stop_reconciling), daemon=True
     ).start()
     try:
-        consume(app, settings, queue, settings.worker_concurrency or engine_config.max_num_seqs)
+        return consume(app, settings, queue, settings.worker_concurrency or engine_config.max_num_seqs)
     finally:
         stop_reconciling.set()
         reconciler.wake.set()
@@ -272,7 +274,11 @@ def handle_signals(
     worker_ready.connect(ready, weak=False)
 
 
-def consume(app: Celery, settings: Settings, queue: str, concurrency: int) -> None:
+def consume(app: Celery, settings: Settings, queue: str, concurrency: int) -> int:
+    """Consumes until a signal or a failure of Celery's own; returns the Celery worker's exit status,
+    which ``worker_main`` drops (a worker whose consumer died exited 0, taken for one that drained)."""
+    controllers: list[WorkController] = []
+    worker_init.connect(lambda sender, **_: controllers.append(sender), weak=False)
     app.worker_main(
         [
             "--quiet",  # no banner: the "worker ready" record says what matters
@@ -287,3 +293,4 @@ def consume(app: Celery, settings: Settings, queue: str, concurrency: int) -> No
             "--without-heartbeat",  # Celery's event heartbeats: the workers table is pagedq's liveness
         ]
     )
+    return int(controllers[-1].exitcode or 0) if controllers else 1
