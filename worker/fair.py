@@ -24,7 +24,9 @@ fairest job is the fairest of the groups' first rows. ``ix_jobs_fair_heads`` hol
 exactly that order; the pick walks it group to group (a recursive skip scan, one index probe per group),
 takes each group's first row, and orders those few by the rule above; step 5 then probes the fairest
 row's batch for a line whose key this worker holds (``ix_jobs_queued_prefix``, a probe per key). The cost is
-per group (owners x priorities x windows in the queue), not per queued job.
+per group (owners x priorities x windows in the queue), not per queued job. SQLite (the embedded mode) does
+the same through ``ix_jobs_fair_heads_lite`` and ``ix_jobs_queued_prefix_lite`` (``_lite_heads``,
+``lite_probes``), with correlated subqueries where it has no LATERAL.
 """
 
 import json
@@ -68,21 +70,6 @@ GROUP = (
     literal_column("coalesce(jobs.deadline_at - jobs.queued_at, interval '-1 second')"),
 )
 NO_WINDOW = timedelta(seconds=-1)
-
-
-def lite_group(jobs: type[Job] | AliasedClass[Job]) -> tuple[ColumnElement[object], ...]:
-    """GROUP on SQLite, whose datetimes are text. Literals, not bound parameters, so that the expressions
-    are ``ix_jobs_fair_heads_lite``'s."""
-    owner = func.coalesce(jobs.key_id, literal_column("''"))
-    return owner, jobs.priority, lite_window(jobs.deadline_at, jobs.queued_at)
-
-
-def lite_window(deadline: ColumnElement[datetime], queued: ColumnElement[datetime]) -> ColumnElement[object]:
-    """core/models.LITE_WINDOW: the window in whole milliseconds (SQLite's julian days hold milliseconds)."""
-    ms = func.round((func.julianday(deadline) - func.julianday(queued)) * literal_column("86400000"))
-    return func.coalesce(ms, literal_column("-1"))
-
-
 NO_DEADLINE = literal(datetime(9999, 12, 31, tzinfo=UTC), UTCDateTime)  # after every deadline
 # Literal, so that the planner proves ix_jobs_fair_heads' predicate whatever plan it caches.
 QUEUED_ROWS = (literal_column("jobs.status = 'queued'"), not_(Job.cancel_requested))
@@ -216,6 +203,19 @@ class Submitted:
             same = [owner.is_not_distinct_from(self.key_id), deadline.is_not_distinct_from(self.deadline_at)]
             same.append(Job.priority == self.priority)
         return select(Job.id).where(*_queued(self.model, self.skip), *same, Job.queued_at == self.queued_at)
+
+
+def lite_group(jobs: type[Job] | AliasedClass[Job]) -> tuple[ColumnElement[object], ...]:
+    """GROUP on SQLite, whose datetimes are text. Literals, not bound parameters, so that the expressions
+    are ``ix_jobs_fair_heads_lite``'s."""
+    owner = func.coalesce(jobs.key_id, literal_column("''"))
+    return owner, jobs.priority, lite_window(jobs.deadline_at, jobs.queued_at)
+
+
+def lite_window(deadline: ColumnElement[datetime], queued: ColumnElement[datetime]) -> ColumnElement[object]:
+    """core/models.LITE_WINDOW: the window in whole milliseconds (SQLite's julian days hold milliseconds)."""
+    ms = func.round((func.julianday(deadline) - func.julianday(queued)) * literal_column("86400000"))
+    return func.coalesce(ms, literal_column("-1"))
 
 
 @cache
