@@ -153,6 +153,11 @@ def silu_and_mul(x: Tensor) -> Tensor:
     return torch.ops.pagedq_cpu.silu_and_mul(x)
 
 
+def write_kv(key: Tensor, value: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor) -> None:
+    """The reference's contract (``kernels.reference.write_kv``) for key and value in the caches' dtype."""
+    torch.ops.pagedq_cpu.write_kv(key, value, k_cache, v_cache, slot_mapping)
+
+
 def rotate(x: Tensor, cos: Tensor, signed_sin: Tensor) -> Tensor:
     """Rotates ``x`` in place and returns it."""
     return torch.ops.pagedq_cpu.rotate(x, cos, signed_sin)

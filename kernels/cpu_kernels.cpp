@@ -479,6 +479,37 @@ at::Tensor rotate(at::Tensor x, const at::Tensor& cos_in, const at::Tensor& sin_
   return x;
 }
 
+// The K and V of T new tokens ([T, heads, D]; tokens may be strided, each its own way)
+// stored at their cache slots (caches [blocks, block_size, heads, D], contiguous, of their dtype), in
+// place: one copy of each token's row, where index_copy_ went through a general indexing kernel twice.
+void write_kv(const at::Tensor& key_in, const at::Tensor& value_in, at::Tensor k_cache, at::Tensor v_cache,
+              const at::Tensor& slot_mapping) {
+  TORCH_CHECK(key_in.dim() == 3 && key_in.sizes() == value_in.sizes(), "key and value must be [T, heads, D]");
+  const auto rows = [](const at::Tensor& x) {  // each token's heads one contiguous row, or a copy
+    return x.stride(2) == 1 && (x.size(1) == 1 || x.stride(1) == x.size(2)) ? x : x.contiguous();
+  };
+  const auto key = rows(key_in), value = rows(value_in);
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && k_cache.sizes() == v_cache.sizes(),
+              "the caches must be contiguous and alike");
+  TORCH_CHECK(key.scalar_type() == k_cache.scalar_type() && value.scalar_type() == v_cache.scalar_type(),
+              "key, value and caches must share a dtype");
+  const auto slots = slot_mapping.to(at::kLong).contiguous();
+  const int64_t tokens = key.size(0), row = key.size(1) * key.size(2);
+  const int64_t ks = key.stride(0), vs = value.stride(0);
+  TORCH_CHECK(slots.numel() == tokens && k_cache.numel() % row == 0, "slot_mapping or caches do not fit");
+  const int64_t capacity = k_cache.numel() / row;
+  const int64_t* s = slots.data_ptr<int64_t>();
+  for (int64_t t = 0; t < tokens; ++t) TORCH_CHECK(s[t] >= 0 && s[t] < capacity, "slot out of the cache");
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, key.scalar_type(), "write_kv", [&] {
+    const scalar_t *k = key.data_ptr<scalar_t>(), *v = value.data_ptr<scalar_t>();
+    scalar_t *kc = k_cache.data_ptr<scalar_t>(), *vc = v_cache.data_ptr<scalar_t>();
+    for (int64_t t = 0; t < tokens; ++t) {
+      std::copy(k + t * ks, k + t * ks + row, kc + s[t] * row);
+      std::copy(v + t * vs, v + t * vs + row, vc + s[t] * row);
+    }
+  });
+}
+
 
 // ---- The batch-invariant float32 linear: out[i][j] = dot(x_i, w_j) (+ bias[j]) ----
 // Every output element is the same sum whatever the number of rows, the tile a row falls in, the
@@ -617,5 +648,6 @@ TORCH_LIBRARY(pagedq_cpu, m) {
   m.def("add_rms_norm", &add_rms_norm);
   m.def("silu_and_mul", &silu_and_mul);
   m.def("rotate", &rotate);
+  m.def("write_kv", &write_kv);
   m.def("invariant_linear", &invariant_linear);
 }

@@ -64,10 +64,13 @@ def encoder_attention(qkv: Tensor, lens: list[int], heads: int) -> Tensor:
 
 
 def write_kv(key: Tensor, value: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor) -> None:
-    if backend_for(key.device) == "triton":
+    backend = backend_for(key.device)
+    if backend == "triton":
         from kernels.triton_write_kv import write_kv as triton_write_kv
 
         return triton_write_kv(key, value, k_cache, v_cache, slot_mapping)
+    if backend == "cpu" and key.dtype == k_cache.dtype:
+        return cpu.write_kv(key, value, k_cache, v_cache, slot_mapping)
     return reference.write_kv(key, value, k_cache, v_cache, slot_mapping)
 
 

@@ -201,3 +201,26 @@ def test_encoder_attention_matches_the_reference_and_ignores_the_other_inputs(dt
     first = sum(lens[:4])
     alone = dispatch.encoder_attention(qkv[first : first + 130], [130], heads)
     assert torch.equal(alone, got[first : first + 130])  # bit for bit
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_write_kv_stores_what_the_reference_does_from_strided_rows(dtype):
+    """Key and value are strided views, each its own way, as the model hands them over: the key rotated
+    out of the projection's output, the value still in it."""
+    gen = torch.Generator().manual_seed(3)
+    blocks, block_size, heads, dim, tokens = 9, 16, 3, 64, 37
+    qkv = torch.randn(tokens, 6 * heads * dim, generator=gen).to(dtype)
+    key = qkv[:, 4 * heads * dim : 5 * heads * dim].reshape(tokens, heads, dim).contiguous()
+    value = qkv[:, 5 * heads * dim :].view(tokens, heads, dim)
+    slots = torch.randperm(blocks * block_size, generator=gen)[:tokens]
+    caches = [torch.randn(blocks, block_size, heads, dim, generator=gen).to(dtype) for _ in range(2)]
+    want = [cache.clone() for cache in caches]
+    reference.write_kv(key, value, *want, slots)
+    dispatch.write_kv(key, value, *caches, slots)
+    assert all(torch.equal(cache, wanted) for cache, wanted in zip(caches, want, strict=True))
+    transposed = value.transpose(0, 1).contiguous().transpose(0, 1)  # heads apart: copied to rows first
+    dispatch.write_kv(key, transposed, *caches, slots.flip(0))
+    reference.write_kv(key, transposed, *want, slots.flip(0))
+    assert all(torch.equal(cache, wanted) for cache, wanted in zip(caches, want, strict=True))
+    with pytest.raises(RuntimeError, match="slot out of the cache"):  # the C++ kernel's own check
+        dispatch.write_kv(key, value, *caches, torch.full_like(slots, blocks * block_size))
