@@ -15,9 +15,13 @@ from sqlalchemy import (
     String,
     Text,
     TypeDecorator,
+    column,
+    func,
     inspect,
+    literal_column,
     text,
 )
+from sqlalchemy.dialects import sqlite
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 from sqlalchemy.sql import ColumnElement
@@ -111,8 +115,15 @@ def owner_column(index: bool = True) -> Mapped[str | None]:
     return mapped_column(String(36), ForeignKey("api_keys.id"), index=index)
 
 
-# A queued job's completion window on SQLite (text datetimes), in whole ms; -1: none (worker/fair.lite_group).
-LITE_WINDOW = "coalesce(round((julianday(deadline_at) - julianday(queued_at)) * 86400000), -1)"
+def lite_window(deadline: ColumnElement[Any], queued: ColumnElement[Any]) -> ColumnElement[Any]:
+    """A queued job's completion window on SQLite (text datetimes), in whole milliseconds (its julian days
+    hold milliseconds); -1: none. Literals, not bound parameters: ``ix_jobs_fair_heads_lite`` indexes it,
+    and worker/fair.py's pick must write it the same to walk that index."""
+    ms = func.round((func.julianday(deadline) - func.julianday(queued)) * literal_column("86400000"))
+    return func.coalesce(ms, literal_column("-1"))
+
+
+LITE_WINDOW = str(lite_window(column("deadline_at"), column("queued_at")).compile(dialect=sqlite.dialect()))
 LITE_FAIR_HEADS = ("model", text("coalesce(key_id, '')"), "priority", text(LITE_WINDOW), "queued_at")
 
 

@@ -60,7 +60,7 @@ from sqlalchemy.orm import aliased
 from sqlalchemy.orm.util import AliasedClass
 from sqlalchemy.sql import ColumnElement
 
-from core.models import Job, UTCDateTime
+from core.models import Job, UTCDateTime, lite_window
 from core.states import JobStatus
 
 # A group of queued jobs: owner (NULL, auth off, is '' here), priority, window (none: -1 s).
@@ -138,12 +138,11 @@ def fairest(
     model: str, aging: float, dialect: str
 ) -> Select[tuple[str, int | None, str | None, int, datetime | None, datetime]]:
     """The fairest queued job of ``model`` but those in ``skip`` (bound: ``skipping``; steps 1-4
-    and 6, no prefix preference), with what ``Submitted`` needs: through the groups' heads on PostgreSQL
-    and SQLite, else by ordering every queued row. Step 2's count is read in the same statement: each
-    key's jobs running on the model or in ``skip`` (being claimed here)."""
+    and 6, no prefix preference), with what ``Submitted`` needs, through the groups' heads of
+    ``dialect`` (PostgreSQL's or SQLite's). Step 2's count is read in the same statement: each key's jobs
+    running on the model or in ``skip`` (being claimed here)."""
     queued = [*_queued(model, ()), Job.id.not_in(SKIP)]
-    heads = {"postgresql": _heads, "sqlite": _lite_heads}.get(dialect)
-    candidates = heads(model, queued) if heads else select(Job.id).where(*queued)
+    candidates = (_lite_heads if dialect == "sqlite" else _heads)(model, queued)
     owner = func.coalesce(Job.key_id, "")
     held_here = or_(Job.status == JobStatus.RUNNING, Job.id.in_(SKIP_HELD))
     held = select(owner.label("owner"), func.count().label("n")).where(Job.model == model, held_here)
@@ -165,7 +164,7 @@ class Submitted:
     priority: int
     deadline_at: datetime | None
     queued_at: datetime
-    dialect: str  # PostgreSQL: by GROUP, so that ix_jobs_fair_heads finds them
+    dialect: str  # "sqlite": lite_probes; else PostgreSQL's, by GROUP so that ix_jobs_fair_heads finds them
 
     def first_mine(self, connection: Connection, prefixes: Prefixes) -> str | None:
         """The first of them whose prefix this worker holds: a probe per key."""
@@ -181,9 +180,6 @@ class Submitted:
         return connection.execute(self._rows().where(free).order_by(Job.id).limit(1)).scalar()
 
     def _mine(self, prefixes: Prefixes) -> Select[tuple[str]]:
-        if self.dialect != "postgresql":
-            held_here = self._rows().where(Job.prefix_key.in_(prefixes.mine))
-            return held_here.order_by(Job.id).limit(1)
         held = values(column("key", BigInteger), name="held").data([(key,) for key in prefixes.mine])
         first = self._rows().where(Job.prefix_key == held.c.key).order_by(Job.id).limit(1).lateral("first")
         return select(first.c.id).select_from(held).join(first, true()).order_by(first.c.id).limit(1)
@@ -194,14 +190,9 @@ class Submitted:
         return group | {"deadline": self.deadline_at, "queued": self.queued_at, "skip": sorted(self.skip)}
 
     def _rows(self) -> Select[tuple[str]]:
-        if self.dialect == "postgresql":
-            window = NO_WINDOW if self.deadline_at is None else self.deadline_at - self.queued_at
-            group = (self.key_id or "", self.priority, window)
-            same = [c == literal(v) for c, v in zip(GROUP, group, strict=True)]
-        else:
-            owner, deadline = Job.key_id, Job.deadline_at
-            same = [owner.is_not_distinct_from(self.key_id), deadline.is_not_distinct_from(self.deadline_at)]
-            same.append(Job.priority == self.priority)
+        window = NO_WINDOW if self.deadline_at is None else self.deadline_at - self.queued_at
+        group = (self.key_id or "", self.priority, window)
+        same = [c == literal(v) for c, v in zip(GROUP, group, strict=True)]
         return select(Job.id).where(*_queued(self.model, self.skip), *same, Job.queued_at == self.queued_at)
 
 
@@ -210,12 +201,6 @@ def lite_group(jobs: type[Job] | AliasedClass[Job]) -> tuple[ColumnElement[objec
     are ``ix_jobs_fair_heads_lite``'s."""
     owner = func.coalesce(jobs.key_id, literal_column("''"))
     return owner, jobs.priority, lite_window(jobs.deadline_at, jobs.queued_at)
-
-
-def lite_window(deadline: ColumnElement[datetime], queued: ColumnElement[datetime]) -> ColumnElement[object]:
-    """core/models.LITE_WINDOW: the window in whole milliseconds (SQLite's julian days hold milliseconds)."""
-    ms = func.round((func.julianday(deadline) - func.julianday(queued)) * literal_column("86400000"))
-    return func.coalesce(ms, literal_column("-1"))
 
 
 @cache
