@@ -43,7 +43,7 @@ def cpu_flags() -> str:
 
 def build_key() -> str:
     sources = b"".join(source.read_bytes() for source in SOURCES)
-    return hashlib.sha256(f"{sources!r}{torch.__version__}{cpu_flags()}".encode()).hexdigest()[:16]
+    return hashlib.sha256(f"{sources!r}{CFLAGS}{torch.__version__}{cpu_flags()}".encode()).hexdigest()[:16]
 
 
 def build_dir() -> Path:
