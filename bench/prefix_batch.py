@@ -1,6 +1,6 @@
 """Prefix-aware order: a batch of many questions about a few documents, shuffled, on a small KV cache.
 
-    python -m bench.prefix_batch [--model DIR] [--docs 20] [--questions 100] [--doc-words 750]
+    python -m bench.prefix_batch [--model DIR] [--docs 20] [--questions 100] [--doc-words 340]
         [--max-tokens 16] [--seats 16] [--kv-cache-mib 192] [--workers 1,2] [--keep]
 
 Needs PostgreSQL and Redis as the tests use them. For each worker count and each mode it starts its own
@@ -93,7 +93,7 @@ def main() -> None:
     parser.add_argument("--model", default=DEFAULT_MODEL)
     parser.add_argument("--docs", type=int, default=20)
     parser.add_argument("--questions", type=int, default=100)
-    parser.add_argument("--doc-words", type=int, default=750, help="about 1,000 tokens at 750")
+    parser.add_argument("--doc-words", type=int, default=340, help="about 1,000 tokens at 340")
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--seats", type=int, default=16, help="PAGEDQ_MAX_NUM_SEQS of each worker")
     parser.add_argument("--kv-cache-mib", type=int, default=192, help="PAGEDQ_KV_CACHE_BYTES of each worker")
