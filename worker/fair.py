@@ -36,14 +36,15 @@ from datetime import UTC, datetime, timedelta
 from functools import cache
 
 from sqlalchemy import (
+    ARRAY,
     BigInteger,
     Integer,
+    Interval,
     Select,
     String,
     bindparam,
     case,
     cast,
-    column,
     extract,
     func,
     literal,
@@ -53,7 +54,6 @@ from sqlalchemy import (
     select,
     true,
     tuple_,
-    values,
 )
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import aliased
@@ -170,7 +170,8 @@ class Submitted:
         """The first of them whose prefix this worker holds: a probe per key."""
         if self.dialect == "sqlite":
             return connection.execute(lite_probes(self.model)[0], self._lite_params(prefixes)).scalar()
-        return connection.execute(self._mine(prefixes)).scalar()
+        params = skipping(self.skip) | self._pg_group() | {"mine": sorted(prefixes.mine)}
+        return connection.execute(pg_mine_probe(self.model), params).scalar()
 
     def first_free(self, connection: Connection, prefixes: Prefixes) -> str | None:
         """The first of them whose prefix no other worker holds (skipping those the others hold)."""
@@ -179,10 +180,14 @@ class Submitted:
         free = or_(Job.prefix_key.is_(None), Job.prefix_key.not_in(prefixes.others))
         return connection.execute(self._rows().where(free).order_by(Job.id).limit(1)).scalar()
 
-    def _mine(self, prefixes: Prefixes) -> Select[tuple[str]]:
-        held = values(column("key", BigInteger), name="held").data([(key,) for key in prefixes.mine])
-        first = self._rows().where(Job.prefix_key == held.c.key).order_by(Job.id).limit(1).lateral("first")
-        return select(first.c.id).select_from(held).join(first, true()).order_by(first.c.id).limit(1)
+    def _pg_group(self) -> dict[str, object]:
+        window = NO_WINDOW if self.deadline_at is None else self.deadline_at - self.queued_at
+        return {
+            "owner": self.key_id or "",
+            "priority": self.priority,
+            "window": window,
+            "queued": self.queued_at,
+        }
 
     def _lite_params(self, prefixes: Prefixes) -> dict[str, object]:
         mine, others = (json.dumps(sorted(keys)) for keys in (prefixes.mine, prefixes.others))
@@ -201,6 +206,26 @@ def lite_group(jobs: type[Job] | AliasedClass[Job]) -> tuple[ColumnElement[objec
     are ``ix_jobs_fair_heads_lite``'s."""
     owner = func.coalesce(jobs.key_id, literal_column("''"))
     return owner, jobs.priority, lite_window(jobs.deadline_at, jobs.queued_at)
+
+
+@cache
+def pg_mine_probe(model: str) -> Select[tuple[str]]:
+    """``first_mine`` on PostgreSQL, built once and bound by ``Submitted._pg_group``, ``skipping`` and the
+    held keys as one array: one statement text whatever the number of keys or skipped rows, so its plan
+    is reused (a VALUES row per key made a new statement, compiled and planned at every pick, for a worker
+    holding many runs)."""
+    group = (
+        bindparam("owner", type_=String),
+        bindparam("priority", type_=Integer),
+        bindparam("window", type_=Interval),
+    )
+    same = (c == v for c, v in zip(GROUP, group, strict=True))
+    queued = bindparam("queued", type_=UTCDateTime)
+    rows = select(Job.id).where(*_queued(model, ()), Job.id.not_in(SKIP), *same, Job.queued_at == queued)
+    keys = func.unnest(bindparam("mine", type_=ARRAY(BigInteger)))
+    held = keys.table_valued("key").render_derived(name="held")  # unnest(:mine) AS held(key)
+    first = rows.where(Job.prefix_key == held.c.key).order_by(Job.id).limit(1).lateral("first")
+    return select(first.c.id).select_from(held).join(first, true()).order_by(first.c.id).limit(1)
 
 
 @cache
