@@ -42,6 +42,7 @@ from sqlalchemy import (
     Interval,
     Select,
     String,
+    all_,
     bindparam,
     case,
     cast,
@@ -170,35 +171,24 @@ class Submitted:
         """The first of them whose prefix this worker holds: a probe per key."""
         if self.dialect == "sqlite":
             return connection.execute(lite_probes(self.model)[0], self._lite_params(prefixes)).scalar()
-        params = skipping(self.skip) | self._pg_group() | {"mine": sorted(prefixes.mine)}
-        return connection.execute(pg_mine_probe(self.model), params).scalar()
+        return connection.execute(pg_probes(self.model)[0], self._pg_params(prefixes)).scalar()
 
     def first_free(self, connection: Connection, prefixes: Prefixes) -> str | None:
         """The first of them whose prefix no other worker holds (skipping those the others hold)."""
         if self.dialect == "sqlite":
             return connection.execute(lite_probes(self.model)[1], self._lite_params(prefixes)).scalar()
-        free = or_(Job.prefix_key.is_(None), Job.prefix_key.not_in(prefixes.others))
-        return connection.execute(self._rows().where(free).order_by(Job.id).limit(1)).scalar()
+        return connection.execute(pg_probes(self.model)[1], self._pg_params(prefixes)).scalar()
 
-    def _pg_group(self) -> dict[str, object]:
+    def _pg_params(self, prefixes: Prefixes) -> dict[str, object]:
         window = NO_WINDOW if self.deadline_at is None else self.deadline_at - self.queued_at
-        return {
-            "owner": self.key_id or "",
-            "priority": self.priority,
-            "window": window,
-            "queued": self.queued_at,
-        }
+        group = {"owner": self.key_id or "", "priority": self.priority, "window": window}
+        keys = {"mine": sorted(prefixes.mine), "others": sorted(prefixes.others)}
+        return skipping(self.skip) | group | keys | {"queued": self.queued_at}
 
     def _lite_params(self, prefixes: Prefixes) -> dict[str, object]:
         mine, others = (json.dumps(sorted(keys)) for keys in (prefixes.mine, prefixes.others))
         group = {"owner": self.key_id or "", "priority": self.priority, "mine": mine, "others": others}
         return group | {"deadline": self.deadline_at, "queued": self.queued_at, "skip": sorted(self.skip)}
-
-    def _rows(self) -> Select[tuple[str]]:
-        window = NO_WINDOW if self.deadline_at is None else self.deadline_at - self.queued_at
-        group = (self.key_id or "", self.priority, window)
-        same = [c == literal(v) for c, v in zip(GROUP, group, strict=True)]
-        return select(Job.id).where(*_queued(self.model, self.skip), *same, Job.queued_at == self.queued_at)
 
 
 def lite_group(jobs: type[Job] | AliasedClass[Job]) -> tuple[ColumnElement[object], ...]:
@@ -209,11 +199,11 @@ def lite_group(jobs: type[Job] | AliasedClass[Job]) -> tuple[ColumnElement[objec
 
 
 @cache
-def pg_mine_probe(model: str) -> Select[tuple[str]]:
-    """``first_mine`` on PostgreSQL, built once and bound by ``Submitted._pg_group``, ``skipping`` and the
-    held keys as one array: one statement text whatever the number of keys or skipped rows, so its plan
-    is reused (a VALUES row per key made a new statement, compiled and planned at every pick, for a worker
-    holding many runs)."""
+def pg_probes(model: str) -> tuple[Select[tuple[str]], Select[tuple[str]]]:
+    """Step 5's two probes on PostgreSQL, ``first_mine``'s and ``first_free``'s, built once and bound by
+    ``Submitted._pg_params``: the keys as arrays, so that a probe is one statement text whatever the number
+    of keys, and its plan is reused (a VALUES row or an IN item per key made a new statement, compiled and
+    planned at every pick, for a worker holding many runs)."""
     group = (
         bindparam("owner", type_=String),
         bindparam("priority", type_=Integer),
@@ -225,7 +215,10 @@ def pg_mine_probe(model: str) -> Select[tuple[str]]:
     keys = func.unnest(bindparam("mine", type_=ARRAY(BigInteger)))
     held = keys.table_valued("key").render_derived(name="held")  # unnest(:mine) AS held(key)
     first = rows.where(Job.prefix_key == held.c.key).order_by(Job.id).limit(1).lateral("first")
-    return select(first.c.id).select_from(held).join(first, true()).order_by(first.c.id).limit(1)
+    mine = select(first.c.id).select_from(held).join(first, true()).order_by(first.c.id).limit(1)
+    others = all_(bindparam("others", type_=ARRAY(BigInteger)))
+    free = or_(Job.prefix_key.is_(None), Job.prefix_key != others)
+    return mine, rows.where(free).order_by(Job.id).limit(1)
 
 
 @cache
