@@ -169,26 +169,23 @@ class Submitted:
 
     def first_mine(self, connection: Connection, prefixes: Prefixes) -> str | None:
         """The first of them whose prefix this worker holds: a probe per key."""
-        if self.dialect == "sqlite":
-            return connection.execute(lite_probes(self.model)[0], self._lite_params(prefixes)).scalar()
-        return connection.execute(pg_probes(self.model)[0], self._pg_params(prefixes)).scalar()
+        return self._probe(0, connection, prefixes)
 
     def first_free(self, connection: Connection, prefixes: Prefixes) -> str | None:
         """The first of them whose prefix no other worker holds (skipping those the others hold)."""
-        if self.dialect == "sqlite":
-            return connection.execute(lite_probes(self.model)[1], self._lite_params(prefixes)).scalar()
-        return connection.execute(pg_probes(self.model)[1], self._pg_params(prefixes)).scalar()
+        return self._probe(1, connection, prefixes)
 
-    def _pg_params(self, prefixes: Prefixes) -> dict[str, object]:
+    def _probe(self, which: int, connection: Connection, prefixes: Prefixes) -> str | None:
+        """Probe ``which`` (0: mine, 1: free) of the dialect's pair, each built once and bound here."""
+        bound = {"owner": self.key_id or "", "priority": self.priority, "queued": self.queued_at}
+        mine, others = sorted(prefixes.mine), sorted(prefixes.others)
+        if self.dialect == "sqlite":  # the keys as JSON, the deadline itself (its window is SQLite's)
+            keys = {"mine": json.dumps(mine), "others": json.dumps(others)}
+            bound |= keys | {"deadline": self.deadline_at, "skip": sorted(self.skip)}
+            return connection.execute(lite_probes(self.model)[which], bound).scalar()
         window = NO_WINDOW if self.deadline_at is None else self.deadline_at - self.queued_at
-        group = {"owner": self.key_id or "", "priority": self.priority, "window": window}
-        keys = {"mine": sorted(prefixes.mine), "others": sorted(prefixes.others)}
-        return skipping(self.skip) | group | keys | {"queued": self.queued_at}
-
-    def _lite_params(self, prefixes: Prefixes) -> dict[str, object]:
-        mine, others = (json.dumps(sorted(keys)) for keys in (prefixes.mine, prefixes.others))
-        group = {"owner": self.key_id or "", "priority": self.priority, "mine": mine, "others": others}
-        return group | {"deadline": self.deadline_at, "queued": self.queued_at, "skip": sorted(self.skip)}
+        bound |= skipping(self.skip) | {"window": window, "mine": mine, "others": others}
+        return connection.execute(pg_probes(self.model)[which], bound).scalar()
 
 
 def lite_group(jobs: type[Job] | AliasedClass[Job]) -> tuple[ColumnElement[object], ...]:
@@ -201,7 +198,7 @@ def lite_group(jobs: type[Job] | AliasedClass[Job]) -> tuple[ColumnElement[objec
 @cache
 def pg_probes(model: str) -> tuple[Select[tuple[str]], Select[tuple[str]]]:
     """Step 5's two probes on PostgreSQL, ``first_mine``'s and ``first_free``'s, built once and bound by
-    ``Submitted._pg_params``: the keys as arrays, so that a probe is one statement text whatever the number
+    ``Submitted._probe``: the keys as arrays, so that a probe is one statement text whatever the number
     of keys, and its plan is reused (a VALUES row or an IN item per key made a new statement, compiled and
     planned at every pick, for a worker holding many runs)."""
     group = (
@@ -224,7 +221,7 @@ def pg_probes(model: str) -> tuple[Select[tuple[str]], Select[tuple[str]]]:
 @cache
 def lite_probes(model: str) -> tuple[Select[tuple[str | None]], Select[tuple[str]]]:
     """Step 5's two probes on SQLite, ``first_mine``'s and ``first_free``'s, built once (building them
-    cost more than running them) and bound by ``Submitted._lite_params``: the keys as JSON tables (no
+    cost more than running them) and bound by ``Submitted._probe``: the keys as JSON tables (no
     VALUES list or LATERAL there); ``ix_jobs_queued_prefix_lite`` and ``ix_jobs_fair_heads_lite``."""
     deadline, queued = bindparam("deadline", type_=UTCDateTime), bindparam("queued", type_=UTCDateTime)
     group = (
