@@ -314,6 +314,8 @@ class Worker(Base):
     prefix_keys: Mapped[list[int] | None] = mapped_column(JSONType)
     # Its engine's weights as loaded (worker/engine/model/weights.py: types, bytes, kernels), for /v1/models.
     weights: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
+    # Which process it is, where /proc can prove it dead (worker/liveness.py): boot/namespace/pid/start.
+    process: Mapped[str | None] = mapped_column(String(120))
 
     @classmethod
     def alive(cls, heartbeat_timeout: float) -> ColumnElement[bool]:

@@ -17,6 +17,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from worker.connectivity import Connectivity
 from worker.health import describe
+from worker.liveness import this_process
 from worker.os_threads import name_this_thread
 from worker.store import JobStore
 
@@ -36,6 +37,7 @@ class Heartbeat:
 
     def __post_init__(self) -> None:
         self._weights: dict[str, Any] | None = None
+        self._process = this_process()  # lets a reconciler beside us prove us dead (worker/liveness.py)
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="pagedq-heartbeat", daemon=True)
         self._last_tokens, self._last_time = 0.0, time.monotonic()
@@ -44,7 +46,9 @@ class Heartbeat:
         """Registers the worker with its engine's weights (raises if the database is away), then beats
         every period."""
         self._weights = self.weights()
-        self.store.heartbeat(self.worker_id, self.engine_stats(), weights=self._weights)
+        self.store.heartbeat(
+            self.worker_id, self.engine_stats(), weights=self._weights, process=self._process
+        )
         self.connectivity.succeeded()
         self._thread.start()
 
@@ -69,7 +73,7 @@ class Heartbeat:
         rate = (tokens - self._last_tokens) / (now - self._last_time)
         try:
             beat = stats | {"tokens_per_s": rate}
-            self.store.heartbeat(self.worker_id, beat, self.held_prefixes(), self._weights)
+            self.store.heartbeat(self.worker_id, beat, self.held_prefixes(), self._weights, self._process)
         except SQLAlchemyError as error:  # the flusher's failing rounds say it; so does health
             self.connectivity.failed()
             logger.debug("heartbeat failed", extra={"error": describe(error)})

@@ -15,9 +15,11 @@ With fair share a message is a ticket for the fairest job (worker/fair.py), so a
 because its message claimed a fairer one: that fairer job's message is still waiting, and the job's
 republished message is one ticket more than needed, whose claim finds nothing and is dropped.
 
-A worker is judged dead only by a reconciler connected for a heartbeat timeout since its last failure
-(worker/connectivity.py): after a database outage every heartbeat is stale, and the first worker back
-must not take the others' jobs before they could write one.
+A silent worker is judged dead only by a reconciler connected for a heartbeat timeout since its last
+failure (worker/connectivity.py): after a database outage every heartbeat is stale, and the first worker
+back must not take the others' jobs before they could write one. A worker whose process is proven gone
+(worker/liveness.py: same host and PID namespace) loses its jobs at the first round, outage or not; the
+first round comes as the reconciler starts, so a worker restarted in place takes its jobs back at once.
 """
 
 import logging
@@ -34,6 +36,7 @@ from worker.batches import BatchKeeper
 from worker.connectivity import Connectivity
 from worker.flusher import Publish
 from worker.health import describe
+from worker.liveness import proven_dead
 from worker.os_threads import name_this_thread
 from worker.store import JobStore, database_away
 
@@ -61,7 +64,7 @@ class Reconciler:
     def run(self, interval: float, stop: threading.Event) -> None:
         """A round every ``interval`` seconds until ``stop`` (set ``wake`` with it: it cuts the wait)."""
         name_this_thread("pagedq-reconcile")
-        next_round = time.monotonic() + interval
+        next_round = time.monotonic()
         while not stop.is_set():
             woken = self.wake.wait(max(0.0, next_round - time.monotonic()))
             self.wake.clear()
@@ -98,13 +101,19 @@ class Reconciler:
         return True
 
     def reconcile(self) -> None:
-        if self.connectivity.connected_for() >= self.heartbeat_timeout:  # else others may not have beaten
-            self.requeue_orphans()
+        beaten = self.connectivity.connected_for() >= self.heartbeat_timeout  # others could have beaten since
+        self.requeue_orphans(self.heartbeat_timeout if beaten else None)
         self.probe_waiting_steps()
 
-    def requeue_orphans(self) -> None:
-        for job_id, priority in self.store.requeue_orphans(self.heartbeat_timeout):
-            logger.warning("requeued the job of a silent worker", extra={"job_id": job_id})
+    def requeue_orphans(self, heartbeat_timeout: float | None) -> None:
+        """The jobs of workers proven dead, and with ``heartbeat_timeout`` of those silent that long."""
+        dead = [worker for worker, process in self.store.worker_processes().items() if proven_dead(process)]
+        if dead:
+            logger.warning("workers proven dead on this host", extra={"workers": dead})
+        elif heartbeat_timeout is None:
+            return
+        for job_id, priority in self.store.requeue_orphans(heartbeat_timeout, dead):
+            logger.warning("requeued the job of a dead or silent worker", extra={"job_id": job_id})
             self.publish(job_id, priority)
 
     def probe_waiting_steps(self) -> None:

@@ -471,12 +471,19 @@ class JobStore:
         stats: dict[str, float],
         prefix_keys: Collection[int] = (),
         weights: dict[str, Any] | None = None,
+        process: str | None = None,
     ) -> None:
-        """Registers or refreshes the worker's row; ``weights`` (its engine's, fixed at load) every time,
-        so that a row made again after it aged out has them too."""
+        """Registers or refreshes the worker's row; ``weights`` (its engine's, fixed at load) and ``process``
+        (worker/liveness.py) every time, so that a row made again after it aged out has them too."""
         now, keys = utcnow(), sorted(prefix_keys)
         with self.sessions.begin() as session:
-            beat = {"heartbeat_at": now, "stats": stats, "prefix_keys": keys, "weights": weights}
+            beat = {
+                "heartbeat_at": now,
+                "stats": stats,
+                "prefix_keys": keys,
+                "weights": weights,
+                "process": process,
+            }
             found = session.execute(update(Worker).where(Worker.id == worker_id).values(**beat)).rowcount
             if not found:
                 session.add(Worker(id=worker_id, model=self.model, **beat))
@@ -487,12 +494,26 @@ class JobStore:
 
     # --- reconciliation ---
 
-    def requeue_orphans(self, heartbeat_timeout: float) -> list[tuple[str, int]]:
-        """Running jobs whose worker stopped heartbeating go back to the queue (or end: cancelled if asked
-        to, failed if that was their last allowed attempt)."""
+    def worker_processes(self) -> dict[str, str]:
+        """This model's registered workers that said which process they are: id -> worker/liveness.py's
+        ``this_process``."""
+        query = select(Worker.id, Worker.process).where(
+            Worker.model == self.model, Worker.process.is_not(None)
+        )
+        with self.sessions() as session:
+            return {worker_id: process for worker_id, process in session.execute(query)}
+
+    def requeue_orphans(
+        self, heartbeat_timeout: float | None, dead: Collection[str] = ()
+    ) -> list[tuple[str, int]]:
+        """Running jobs whose worker stopped heartbeating (None: judge no heartbeat) or is ``dead`` (proven
+        so) go back to the queue (or end: cancelled if asked to, failed if that was their last allowed
+        attempt). The dead leave the workers table."""
         now = utcnow()
-        live = select(Worker.id).where(Worker.alive(heartbeat_timeout))
-        orphaned = (Job.model == self.model, Job.status == JobStatus.RUNNING, Job.worker_id.not_in(live))
+        gone = Job.worker_id.in_(list(dead))
+        if heartbeat_timeout is not None:
+            gone = or_(gone, Job.worker_id.not_in(select(Worker.id).where(Worker.alive(heartbeat_timeout))))
+        orphaned = (Job.model == self.model, Job.status == JobStatus.RUNNING, gone)
         with self.sessions.begin() as session:
             cancelled = session.scalars(
                 update(Job)
@@ -508,7 +529,11 @@ class JobStore:
                 .values(status=JobStatus.QUEUED, worker_id=None, published_at=now)
                 .returning(Job.id, Job.priority)
             ).all()
-            session.execute(delete(Worker).where(Worker.heartbeat_at < now - timedelta(days=1)))
+            session.execute(
+                delete(Worker).where(
+                    or_(Worker.heartbeat_at < now - timedelta(days=1), Worker.id.in_(list(dead)))
+                )
+            )
         self._publish(deliveries)
         return [(job_id, priority) for job_id, priority in rows]
 

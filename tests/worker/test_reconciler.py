@@ -2,6 +2,8 @@
 database outage, when every heartbeat is stale, it requeues no job of a worker that beats again within a
 heartbeat timeout of the database's return; a worker that stays silent still loses its jobs."""
 
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -17,7 +19,9 @@ from core.states import JobStatus
 from core.webhooks import Outbox
 from tests.support.roles import MODEL, add_job, database_away, row
 from tests.support.services import wait_for
+from tests.worker.test_liveness import PRINT_AND_WAIT
 from worker.batches import BatchKeeper
+from worker.liveness import this_process
 from worker.reconciler import Reconciler
 from worker.store import JobStore
 
@@ -101,3 +105,24 @@ def test_rounds_go_on_while_batch_jobs_end_all_the_time(service_settings, store)
         rounds.join(10)
         ending.join(10)
     assert not rounds.is_alive()
+
+
+def test_a_worker_proven_dead_on_this_host_loses_its_jobs_at_the_first_round(store):
+    """No heartbeat timeout (it is a minute here, and every heartbeat is fresh): a worker whose process is
+    gone (worker/liveness.py) is dead now; a live one beside it keeps its job."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", PRINT_AND_WAIT], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert child.stdout is not None
+    gone = child.stdout.readline().strip()
+    child.kill()
+    child.wait()
+    dead_job, live_job = running_on(store, "dead"), running_on(store, "live")
+    store.heartbeat("dead", {}, process=gone)
+    store.heartbeat("live", {}, process=this_process())
+    requeued: list[str] = []
+    reconciler = Reconciler(store, lambda job_id, _: requeued.append(job_id), lambda *_: None, 60.0, 60.0)
+    reconciler.reconcile()  # its first round: connected for far less than the heartbeat timeout
+    assert requeued == [dead_job]
+    assert (row(store, dead_job).status, row(store, live_job).status) == (JobStatus.QUEUED, JobStatus.RUNNING)
+    assert set(store.worker_processes()) == {"live"}, "the dead worker left the workers table"

@@ -133,6 +133,29 @@ def test_a_job_that_kills_its_worker_fails_after_max_attempts_with_its_webhook_e
         assert list(events) == ["job.failed"]
 
 
+def test_a_worker_killed_beside_a_live_one_loses_its_job_at_once_not_a_heartbeat_timeout_later(
+    service_settings, db, workers, tmp_path
+):
+    """Same host and PID namespace: the live worker's reconciler sees the dead one's process gone
+    (worker/liveness.py) and takes its job over, resumed, with the heartbeat timeout at ten minutes."""
+    settings = service_settings.model_copy(update={"heartbeat_timeout": 600.0})
+    pair = [Process(["worker"], service_env(settings), tmp_path / f"worker{i}.log") for i in range(2)]
+    workers.extend(pair)
+    wait_for(
+        lambda: all(db.worker_stats(w.popen.pid) is not None for w in pair), 120, "both workers to register"
+    )
+    with api_client(settings) as client:
+        job_id = submit_greedy(client, PROMPTS[0], 600)
+    wait_for(lambda: db.jobs([job_id])[0].completion_tokens > 0, 60, "the job to flush some tokens")
+    owner = db.jobs([job_id])[0].worker_id or ""
+    [running] = [w for w in pair if owner.endswith(f":{w.popen.pid}")]
+    running.kill()
+    [job] = db.wait_until([job_id], {"succeeded"}, timeout=120)  # far within the heartbeat timeout
+    assert job.attempt == 2 and job.runs[-1]["resumed_from_token"] > 0
+    assert job.completion_tokens == 600 == len(job.token_times_ms)
+    assert db.worker_stats(running.popen.pid) is None, "the dead worker left the workers table"
+
+
 def test_sigterm_requeues_jobs_that_outlast_the_grace_period(service_settings, db, workers, tmp_path):
     # 900 tokens outlast a 0.1 s grace on any machine (the tiny model takes ~1 s for them on a fast one)
     first = spawn(service_settings, db, workers, tmp_path, shutdown_grace=0.1)
