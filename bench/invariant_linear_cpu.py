@@ -1,6 +1,7 @@
 """The batch-invariant float32 linear (``kernels/cpu_kernels.cpp`` ``invariant_linear``, what the CPU
-engine runs by default) against torch's ``F.linear`` (oneDNN/MKL, not batch-invariant), in the same run,
-on the default model's layer shapes at the row counts of a decode step and a prefill chunk.
+engine runs by default: on packed weights where AVX2 is the CPU's widest) against torch's ``F.linear``
+(oneDNN/MKL, not batch-invariant), in the same run, on the default model's layer shapes at the row
+counts of a decode step and a prefill chunk.
 
     python -m bench.invariant_linear_cpu [--rows 1,32,512] [--seconds 0.5]
 
@@ -15,6 +16,7 @@ from collections.abc import Callable
 import torch
 
 from kernels import cpu
+from worker.engine.model.cpu_linears import InvariantLinear
 
 # (name, in, out) of SmolLM2-135M's linears: hidden 576, 9 query and 3 KV heads of 64, intermediate 1536
 LAYER = [("qkv_proj", 576, 960), ("o_proj", 576, 576), ("gate_up_proj", 576, 3072), ("down_proj", 1536, 576)]
@@ -29,6 +31,7 @@ def seconds_per_call(linear: Callable[[], torch.Tensor], budget: float) -> float
     return elapsed / calls
 
 
+@torch.inference_mode()
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rows", default="1,32,512")
@@ -37,23 +40,38 @@ def main() -> None:
     if not cpu.available():
         raise SystemExit("the CPU kernels did not build")
     torch.manual_seed(0)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
-    print(f"{'rows':>5} {'linear':>13} {'torch GFLOP/s':>13} {'ours GFLOP/s':>12} {'ours/torch':>10}")
+    packs = torch.ops.pagedq_cpu.packs_invariant_linear()
+    weights = "packed weights (the AVX2 kernel)" if packs else "weights as they are"
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, ours on {weights}")
+    unpacked = f" {'unpacked GFLOP/s':>16} {'ours/unpacked':>13}" if packs else ""
+    print(
+        f"{'rows':>5} {'linear':>13} {'torch GFLOP/s':>13} {'ours GFLOP/s':>12} {'ours/torch':>10}{unpacked}"
+    )
     for rows in map(int, args.rows.split(",")):
-        totals = [0.0, 0.0]
+        totals = [0.0, 0.0, 0.0]
         for name, k, n in LAYER:
-            x, w = torch.randn(rows, k), torch.randn(n, k)
-            flop = 2 * rows * k * n
-            theirs = seconds_per_call(lambda x=x, w=w: torch.nn.functional.linear(x, w), args.seconds)
-            ours = seconds_per_call(lambda x=x, w=w: cpu.invariant_linear(x, w, None), args.seconds)
-            totals[0] += theirs
-            totals[1] += ours
-            rates = f"{flop / theirs / 1e9:>13.1f} {flop / ours / 1e9:>12.1f}"
-            print(f"{rows:>5} {name:>13} {rates} {theirs / ours:>9.2f}x")
+            x, linear = torch.randn(rows, k), torch.nn.Linear(k, n, bias=False)
+            invariant, flop = InvariantLinear(linear), 2 * rows * k * n
+            calls = [
+                lambda x=x, linear=linear: linear(x),
+                lambda x=x, invariant=invariant: invariant(x),
+                lambda x=x, w=linear.weight: cpu.invariant_linear(x, w, None),
+            ]
+            times = [seconds_per_call(call, args.seconds) for call in calls[: 3 if packs else 2]]
+            totals = [total + time for total, time in zip(totals, times, strict=False)]
+            print(f"{rows:>5} {name:>13} " + columns(times, [flop / t / 1e9 for t in times], "13.1f"))
         print(
-            f"{rows:>5} {'a layer':>13} {totals[0] * 1e3:>11.3f}ms {totals[1] * 1e3:>10.3f}ms "
-            f"{totals[0] / totals[1]:>9.2f}x"
+            f"{rows:>5} {'a layer':>13} "
+            + columns(totals[: 3 if packs else 2], [t * 1e3 for t in totals], "11.3f", "ms")
         )
+
+
+def columns(times: list[float], values: list[float], spec: str, unit: str = "") -> str:
+    """torch's and ours, ours / torch's; and where weights are packed, the unpacked kernel and ours / it."""
+    text = f"{values[0]:>{spec}}{unit} {values[1]:>12.{spec[-2]}f}{unit} {times[0] / times[1]:>9.2f}x"
+    if len(times) == 3:
+        text += f" {values[2]:>16.{spec[-2]}f}{unit} {times[2] / times[1]:>12.2f}x"
+    return text
 
 
 if __name__ == "__main__":

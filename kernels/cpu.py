@@ -186,3 +186,17 @@ def invariant_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     """``F.linear`` on float32, each output the same bits whatever else is in ``x``'s batch (see the
     kernel's comment)."""
     return torch.ops.pagedq_cpu.invariant_linear(x, weight, bias)
+
+
+def pack_invariant_linear(weight: Tensor) -> Tensor | None:
+    """``weight`` [N, K] repacked for ``invariant_linear_packed``, where this CPU's kernel multiplies
+    faster so (AVX2 without AVX-512; K a multiple of 16); None where ``invariant_linear`` reads it as
+    it is."""
+    if weight.shape[1] % 16 or not torch.ops.pagedq_cpu.packs_invariant_linear():
+        return None
+    return torch.ops.pagedq_cpu.pack_invariant_linear(weight)
+
+
+def invariant_linear_packed(x: Tensor, packed: Tensor, out_features: int, bias: Tensor | None) -> Tensor:
+    """``invariant_linear`` (the same bits) on a weight from ``pack_invariant_linear``."""
+    return torch.ops.pagedq_cpu.invariant_linear_packed(x, packed, out_features, bias)

@@ -668,6 +668,156 @@ at::Tensor invariant_linear(const at::Tensor& x_in, const at::Tensor& w_in, cons
   return out.view(sizes);
 }
 
+// ---- The same sums from packed weights, where AVX2 is the widest (no AVX-512) ----
+// With 8-wide registers the tiles above hold two accumulators per output and load more than they
+// multiply. Here the 16 lanes are 16 small products instead: lane l multiplies x[:, l::16] by
+// w[:, l::16], k ascending, one FMA at a time into each output's lane-l sum (as above), for a tile of
+// PACK_ROWS rows x PANEL columns, 8 outputs to a register; the lanes' sums then add in reduce16's tree,
+// 8 outputs at a time. Same operations per output, so the same bits as every other path. Weights are
+// packed once (pack_invariant_linear): per panel of PANEL columns, lane by lane, k by k; a step's rows
+// are packed per tile the same way, so each lane's operands are read in order from the L1 cache.
+
+// 6 x 2 measured best of 4 x 3, 6 x 2, 5 x 2, 3 x 4 and 2 x 6 (Zen 3): 12 sums, 2 weight loads and 6
+// broadcasts feed 12 FMAs; 3 x 4 and 2 x 6 run out of the 16 registers.
+constexpr int PACK_ROWS = 6, PACK_VECTORS = 2, PANEL = 8 * PACK_VECTORS;
+constexpr int64_t PACK_TILES = 16;  // row tiles per work item: a lane's weights stay in L1 across them
+
+bool packs_invariant_linear() {
+#if defined(__AVX2__) && !defined(__AVX512F__)
+  return true;
+#else
+  return false;
+#endif
+}
+
+// w [N, K] (K % 16 == 0) -> [panels, 16, K / 16, PANEL]: panel p, lane l, step s, column c holds
+// w[p * PANEL + c][s * 16 + l], zero past N.
+at::Tensor pack_invariant_linear(const at::Tensor& w_in) {
+  TORCH_CHECK(w_in.scalar_type() == at::kFloat && w_in.dim() == 2 && w_in.size(1) % LANES == 0,
+              "a float32 weight [N, K] with K a multiple of 16");
+  const auto w = w_in.contiguous();
+  const int64_t N = w.size(0), K = w.size(1), steps = K / LANES, panels = (N + PANEL - 1) / PANEL;
+  auto packed = at::zeros({panels, LANES, steps, PANEL}, w.options());
+  const float* src = w.data_ptr<float>();
+  float* dst = packed.data_ptr<float>();
+  at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t p = begin; p < end; ++p)
+      for (int64_t c = 0; c < std::min<int64_t>(PANEL, N - p * PANEL); ++c)
+        for (int64_t s = 0; s < steps; ++s)
+          for (int64_t l = 0; l < LANES; ++l)
+            dst[((p * LANES + l) * steps + s) * PANEL + c] = src[(p * PANEL + c) * K + s * LANES + l];
+  });
+  return packed;
+}
+
+#if defined(__AVX2__)
+// The sums of L consecutive lanes for R rows (of a tile packed PACK_ROWS wide) x PANEL columns into
+// part [R][PANEL], lane i's operands and part `x_lane`, `w_lane` and `part_lane` floats after lane 0's.
+// Fewer rows take more lanes at once (lanes_for), so that a step has 8-12 independent sums to feed the
+// FMA units.
+template <int R, int L>
+__attribute__((noinline)) void lane_tile(const float* x, int64_t x_lane, const float* w, int64_t w_lane,
+                                         int64_t steps, float* part, int64_t part_lane) {
+  __m256 acc[L][R][PACK_VECTORS];
+  for (int i = 0; i < L; ++i)
+    for (int r = 0; r < R; ++r)
+      for (int v = 0; v < PACK_VECTORS; ++v) acc[i][r][v] = _mm256_setzero_ps();
+  int64_t s = 0;
+  do {  // steps >= 1: with a path that skips the loop, GCC kept the sums in memory at every step
+    for (int i = 0; i < L; ++i) {
+      __m256 wv[PACK_VECTORS];
+      for (int v = 0; v < PACK_VECTORS; ++v) {
+        wv[v] = _mm256_loadu_ps(w + i * w_lane + s * PANEL + 8 * v);
+        __asm__("" : "+x"(wv[v]));  // in a register: else GCC loads it again for every row's FMA
+      }
+      for (int r = 0; r < R; ++r) {
+        const __m256 xv = _mm256_broadcast_ss(x + i * x_lane + s * PACK_ROWS + r);
+        for (int v = 0; v < PACK_VECTORS; ++v) acc[i][r][v] = _mm256_fmadd_ps(xv, wv[v], acc[i][r][v]);
+      }
+    }
+  } while (++s < steps);
+  for (int i = 0; i < L; ++i)
+    for (int r = 0; r < R; ++r)
+      for (int v = 0; v < PACK_VECTORS; ++v) _mm256_storeu_ps(part + i * part_lane + r * PANEL + 8 * v, acc[i][r][v]);
+}
+
+constexpr int lanes_for(int rows) { return rows == 1 ? 4 : rows <= 3 ? 2 : 1; }  // 8-12 sums
+
+// out[r][c] = the lanes' sums part [16][PACK_ROWS][PANEL] in reduce16's tree (+ bias), `cols` columns.
+void add_lanes(const float* part, int64_t rows, int64_t cols, const float* bias, float* out, int64_t os) {
+  alignas(32) float sums[PANEL];
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int v = 0; v < PACK_VECTORS; ++v) {
+      auto lane = [&](int l) { return _mm256_loadu_ps(part + (l * PACK_ROWS + r) * PANEL + 8 * v); };
+      __m256 h[8];
+      for (int l = 0; l < 8; ++l) h[l] = _mm256_add_ps(lane(l), lane(l + 8));
+      const __m256 sum = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(h[0], h[4]), _mm256_add_ps(h[2], h[6])),
+                                       _mm256_add_ps(_mm256_add_ps(h[1], h[5]), _mm256_add_ps(h[3], h[7])));
+      _mm256_store_ps(sums + 8 * v, sum);
+    }
+    for (int64_t c = 0; c < cols; ++c) out[r * os + c] = bias ? sums[c] + bias[c] : sums[c];
+  }
+}
+#endif
+
+// invariant_linear's result from pack_invariant_linear's weight (of N rows): x [M, K] -> [M, N].
+at::Tensor invariant_linear_packed(const at::Tensor& x_in, const at::Tensor& packed, int64_t N,
+                                   const c10::optional<at::Tensor>& bias_in) {
+#if defined(__AVX2__)
+  TORCH_CHECK(x_in.scalar_type() == at::kFloat && packed.dim() == 4 && packed.size(3) == PANEL,
+              "float32 x and a weight from pack_invariant_linear");
+  const int64_t steps = packed.size(2), K = steps * LANES, panels = packed.size(0);
+  TORCH_CHECK(x_in.size(-1) == K && N <= panels * PANEL, "x [.., K] and the packed weight's K, N");
+  const auto x = x_in.reshape({-1, K}).contiguous();
+  const int64_t M = x.size(0), tiles = (M + PACK_ROWS - 1) / PACK_ROWS;
+  at::Tensor bias;
+  if (bias_in.has_value()) bias = bias_in->to(at::kFloat).contiguous();
+  // x per tile as the weights: [tiles, 16, steps, PACK_ROWS], zero rows past M
+  auto xs = at::empty({tiles, LANES, steps, PACK_ROWS}, x.options());
+  const float* xp = x.data_ptr<float>();
+  float* xsp = xs.data_ptr<float>();
+  at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t)
+      for (int64_t r = 0, row = t * PACK_ROWS; r < PACK_ROWS; ++r, ++row)
+        for (int64_t s = 0; s < steps; ++s)
+          for (int64_t l = 0; l < LANES; ++l)
+            xsp[((t * LANES + l) * steps + s) * PACK_ROWS + r] = row < M ? xp[row * K + s * LANES + l] : 0.f;
+  });
+  auto sizes = x_in.sizes().vec();
+  sizes.back() = N;
+  auto out = at::empty({M, N}, x.options());
+  using LaneTile = void (*)(const float*, int64_t, const float*, int64_t, int64_t, float*, int64_t);
+  static constexpr std::array<LaneTile, PACK_ROWS> tiles_of = {
+      &lane_tile<1, lanes_for(1)>, &lane_tile<2, lanes_for(2)>, &lane_tile<3, lanes_for(3)>,
+      &lane_tile<4, lanes_for(4)>, &lane_tile<5, lanes_for(5)>, &lane_tile<6, lanes_for(6)>};
+  const float* wp = packed.data_ptr<float>();
+  const float* bp = bias.defined() ? bias.data_ptr<float>() : nullptr;
+  float* op = out.data_ptr<float>();
+  const int64_t blocks = (tiles + PACK_TILES - 1) / PACK_TILES;
+  const int64_t x_lane = steps * PACK_ROWS, w_lane = steps * PANEL, part_lane = PACK_ROWS * PANEL;
+  at::parallel_for(0, blocks * panels, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> part(std::min(PACK_TILES, tiles) * LANES * part_lane);  // [tile][lane][row][column]
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t t0 = item / panels * PACK_TILES, t1 = std::min(tiles, t0 + PACK_TILES), p = item % panels;
+      for (int64_t l0 = 0; l0 < LANES; l0 += lanes_for(1))  // these lanes' weights stay in L1 across the tiles
+        for (int64_t t = t0; t < t1; ++t) {
+          const int rows = static_cast<int>(std::min<int64_t>(PACK_ROWS, M - t * PACK_ROWS));
+          for (int64_t l = l0; l < l0 + lanes_for(1); l += lanes_for(rows))
+            tiles_of[rows - 1](xsp + (t * LANES + l) * x_lane, x_lane, wp + (p * LANES + l) * w_lane, w_lane, steps,
+                               part.data() + ((t - t0) * LANES + l) * part_lane, part_lane);
+        }
+      const int64_t cols = std::min<int64_t>(PANEL, N - p * PANEL);
+      for (int64_t t = t0; t < t1; ++t)
+        add_lanes(part.data() + (t - t0) * LANES * PACK_ROWS * PANEL, std::min<int64_t>(PACK_ROWS, M - t * PACK_ROWS),
+                  cols, bp ? bp + p * PANEL : nullptr, op + t * PACK_ROWS * N + p * PANEL, N);
+    }
+  });
+  return out.view(sizes);
+#else
+  TORCH_CHECK(false, "invariant_linear_packed needs AVX2");
+#endif
+}
+
 }  // namespace
 
 TORCH_LIBRARY(pagedq_cpu, m) {
@@ -678,4 +828,7 @@ TORCH_LIBRARY(pagedq_cpu, m) {
   m.def("rotate", &rotate);
   m.def("write_kv", &write_kv);
   m.def("invariant_linear", &invariant_linear);
+  m.def("packs_invariant_linear", &packs_invariant_linear);
+  m.def("pack_invariant_linear", &pack_invariant_linear);
+  m.def("invariant_linear_packed", &invariant_linear_packed);
 }

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.support.tiny_models import make_tiny_model
 from worker.engine import LLM, SamplingParams
 from worker.engine.model import cpu_linears
 
@@ -67,6 +68,16 @@ def test_the_batch_invariant_kernel_is_the_default(tiny_llama: Path) -> None:
     llm = LLM(str(tiny_llama), device="cpu", kv_cache_bytes=4 << 20)
     assert kinds(llm) >= {"InvariantLinear"} and not kinds(llm) & {"Linear", "OneDNNLinear"}
     assert llm.engine.runner.batch_invariant
+
+
+def test_a_tied_lm_head_multiplies_the_embedding_as_it_is(tmp_path: Path) -> None:
+    """Packing (where the CPU's kernel wants it) makes a copy: not of the tied vocabulary projection."""
+    tied = make_tiny_model(tmp_path / "tied", tie_word_embeddings=True)
+    model = LLM(str(tied), device="cpu", kv_cache_bytes=4 << 20).engine.runner.model
+    assert not model.lm_head.packed
+    assert model.lm_head.weight.data_ptr() == model.embed_tokens.weight.data_ptr()
+    layer = model.layers[0].mlp.down_proj
+    assert layer.packed == torch.ops.pagedq_cpu.packs_invariant_linear()
 
 
 def test_a_misbehaving_post_op_keeps_f_linear_too(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -189,6 +189,31 @@ def test_invariant_linear_rows_do_not_depend_on_their_batch(k, n, bias):
         assert torch.equal(kernels.cpu.invariant_linear(x[rows], w, b), out[rows])
 
 
+@pytest.mark.parametrize(("k", "n", "bias"), [(64, 96, True), (576, 130, False), (1536, 24, True)])
+def test_the_packed_invariant_linear_gives_the_unpacked_kernels_bits(k, n, bias):
+    """The AVX2 kernel on packed weights (the default where AVX2 is the widest; run here on any AVX2 CPU)
+    against ``invariant_linear`` (AVX-512 where the CPU has it): the same bits for every row, alone or in
+    any batch (130 rows: a partial 4-row tile and two 64-row blocks; 130 columns: a partial panel)."""
+    gen = torch.Generator().manual_seed(k + n)
+    x, w = torch.randn(130, k, generator=gen), torch.randn(n, k, generator=gen)
+    b = torch.randn(n, generator=gen) if bias else None
+    packed = torch.ops.pagedq_cpu.pack_invariant_linear(w)
+    out = kernels.cpu.invariant_linear_packed(x, packed, n, b)
+    assert torch.equal(out, kernels.cpu.invariant_linear(x, w, b))
+    for rows in (slice(0, 1), slice(5, 7), slice(3, 10), slice(60, 130), slice(127, 130)):
+        assert torch.equal(kernels.cpu.invariant_linear_packed(x[rows], packed, n, b), out[rows])
+    assert torch.equal(
+        kernels.cpu.invariant_linear_packed(x.view(2, 65, k), packed, n, b), out.view(2, 65, n)
+    )
+
+
+def test_weights_are_packed_only_where_the_packed_kernel_runs_and_k_allows():
+    w = torch.randn(40, 64)
+    packed = kernels.cpu.pack_invariant_linear(w)
+    assert (packed is not None) == torch.ops.pagedq_cpu.packs_invariant_linear()
+    assert kernels.cpu.pack_invariant_linear(torch.randn(40, 37)) is None  # K not a multiple of 16
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(("heads", "dim"), [(12, 32), (3, 20)])  # the unrolled and the generic loops
 def test_encoder_attention_matches_the_reference_and_ignores_the_other_inputs(dtype, heads, dim):

@@ -4,7 +4,9 @@ suit a decode step's few rows.
 - float32, batch-invariant (the default, ``EngineConfig.batch_invariant``): the C++ kernel
   ``kernels.cpu.invariant_linear``, whose every output is one fixed-order sum, the same bits whatever
   else the step holds: a prefill chunk, a decode step or a recompute give a row the same result, so a
-  request's tokens do not depend on its batch. Its weights stay as they are (no copy).
+  request's tokens do not depend on its batch. Where AVX2 is the CPU's widest, its weights are
+  repacked in panels for a faster kernel of the same bits (``pack_invariant_linear``), except a tied
+  ``lm_head``, which multiplies the embedding as it is (no copy); elsewhere they stay as they are.
 - float32, ``batch_invariant=False``: oneDNN's blocked layout, through the op that torch's inductor
   uses for frozen CPU linears (it picks its blocking by row count: a row's bits change with its batch).
   The sums are float32 in a different order, so outputs differ from ``F.linear``'s in the
@@ -23,6 +25,7 @@ model relies on them (``onednn_works``): if they fail or disagree with ``F.linea
 
 import functools
 import logging
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -54,14 +57,20 @@ class OneDNNLinear(nn.Module):
 
 
 class InvariantLinear(nn.Module):
-    """``nn.Linear`` whose rows' outputs never depend on the other rows (``cpu.invariant_linear``)."""
+    """``nn.Linear`` whose rows' outputs never depend on the other rows (``cpu.invariant_linear``);
+    ``weight`` is nn.Linear's, or ``packed`` (``cpu.pack_invariant_linear``'s layout)."""
 
-    def __init__(self, linear: nn.Linear) -> None:
+    def __init__(self, linear: nn.Linear, pack: bool = True) -> None:
         super().__init__()
-        self.weight = linear.weight.detach()
+        weight = linear.weight.detach()
+        packed = cpu.pack_invariant_linear(weight) if pack else None
+        self.weight, self.packed = (weight, False) if packed is None else (packed, True)
+        self.out_features = linear.out_features
         self.bias = None if linear.bias is None else linear.bias.detach()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed:
+            return cpu.invariant_linear_packed(x, self.weight, self.out_features, self.bias)
         return cpu.invariant_linear(x, self.weight, self.bias)
 
 
@@ -139,7 +148,10 @@ def pack_linears(
         return False
     invariant = batch_invariant and quantization == "none" and backend_for(device) == "cpu"
     if invariant:
-        _replace_linears(model, InvariantLinear)
+        embeddings = {m.weight.data_ptr() for m in model.modules() if isinstance(m, nn.Embedding)}
+        _replace_linears(
+            model, lambda linear: InvariantLinear(linear, linear.weight.data_ptr() not in embeddings)
+        )
     elif quantization == "fp16":
         _replace_linears(model, Fp16Linear)
     elif onednn_works():
@@ -147,7 +159,7 @@ def pack_linears(
     return invariant
 
 
-def _replace_linears(model: nn.Module, packed: type[nn.Module]) -> None:
+def _replace_linears(model: nn.Module, packed: Callable[[nn.Linear], nn.Module]) -> None:
     for parent in list(model.modules()):
         for name, child in parent.named_children():
             if isinstance(child, nn.Linear):
