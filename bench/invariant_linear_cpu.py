@@ -3,10 +3,12 @@ engine runs by default: on packed weights where AVX2 is the CPU's widest) agains
 (oneDNN/MKL, not batch-invariant), in the same run, on the default model's layer shapes at the row
 counts of a decode step and a prefill chunk.
 
-    python -m bench.invariant_linear_cpu [--rows 1,32,512] [--seconds 0.5]
+    python -m bench.invariant_linear_cpu [--rows 1,32,512] [--seconds 0.5] [--generate 1,16]
 
 Prints GFLOP/s of each and ours / torch's per shape, then a layer's four linears together (the time a
-decoder layer spends in them, summed) per row count.
+decoder layer spends in them, summed) per row count. Where the weights are packed, the unpacked kernel
+too, and with ``--generate`` the whole default model: ``LLM.generate`` of 64 greedy tokens at each batch
+size with packed and with unpacked weights, interleaved, best of three (the same tokens from both).
 """
 
 import argparse
@@ -15,7 +17,10 @@ from collections.abc import Callable
 
 import torch
 
+from core.settings import Settings
 from kernels import cpu
+from worker.engine import LLM, SamplingParams
+from worker.engine.default_model import resolve_model
 from worker.engine.model.cpu_linears import InvariantLinear
 
 # (name, in, out) of SmolLM2-135M's linears: hidden 576, 9 query and 3 KV heads of 64, intermediate 1536
@@ -36,6 +41,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rows", default="1,32,512")
     p.add_argument("--seconds", type=float, default=0.5, help="timed per kernel and shape")
+    p.add_argument("--generate", default="", help="batch sizes of the whole-model comparison, e.g. 1,16")
     args = p.parse_args()
     if not cpu.available():
         raise SystemExit("the CPU kernels did not build")
@@ -63,6 +69,36 @@ def main() -> None:
         print(
             f"{rows:>5} {'a layer':>13} "
             + columns(totals[: 3 if packs else 2], [t * 1e3 for t in totals], "11.3f", "ms")
+        )
+    if args.generate and packs:
+        compare_generate([int(batch) for batch in args.generate.split(",")])
+    elif args.generate:
+        print("generate: this CPU's kernel reads the weights as they are; nothing packed to compare")
+
+
+def compare_generate(batches: list[int], tokens: int = 64) -> None:
+    """The default model with packed and with unpacked weights (``cpu.pack_invariant_linear`` declined)."""
+    path = str(resolve_model(Settings().model))
+    packed = LLM(path, device="cpu", dtype="float32")
+    pack, cpu.pack_invariant_linear = cpu.pack_invariant_linear, lambda weight: None
+    try:
+        unpacked = LLM(path, device="cpu", dtype="float32")
+    finally:
+        cpu.pack_invariant_linear = pack
+    params = SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True)
+    for batch in batches:
+        prompts = [f"Tell me about the number {i}." for i in range(batch)]
+        best, outputs = {"packed": float("inf"), "unpacked": float("inf")}, {}
+        for _ in range(3):
+            for name, llm in (("packed", packed), ("unpacked", unpacked)):
+                start = time.perf_counter()
+                outputs[name] = [out.outputs[0].token_ids for out in llm.generate(prompts, params)]
+                best[name] = min(best[name], time.perf_counter() - start)
+        assert outputs["packed"] == outputs["unpacked"], "packed weights changed the tokens"
+        rates = {name: batch * tokens / seconds for name, seconds in best.items()}
+        print(
+            f"generate, batch {batch}: packed {rates['packed']:.1f} tok/s, unpacked {rates['unpacked']:.1f} "
+            f"tok/s, packed / unpacked {rates['packed'] / rates['unpacked']:.2f}x"
         )
 
 

@@ -116,6 +116,14 @@ class Reconciler:
             logger.warning("requeued the job of a dead or silent worker", extra={"job_id": job_id})
             self.publish(job_id, priority)
 
+    def requeue_predecessor(self, worker_id: str) -> None:
+        """Before a worker registers as ``worker_id`` (host name and pid): jobs still running under that id
+        are an earlier process's, which is gone. A container restarted in place keeps its host name and
+        often its pid, and without this its new worker would heartbeat for them forever."""
+        for job_id, priority in self.store.requeue_orphans(None, [worker_id]):
+            logger.warning("requeued the job of an earlier worker of this id", extra={"job_id": job_id})
+            self.publish(job_id, priority)
+
     def probe_waiting_steps(self) -> None:
         published_before = utcnow() - timedelta(seconds=self.requeue_after)
         steps = {celery_priority(p) for p in self.store.waiting_priorities(published_before)}
