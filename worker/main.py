@@ -164,7 +164,6 @@ def serve(
     register_probe_queue(app, reconciler, connections.turns)
     facts = {"worker_id": worker_id, "model": entry.name, "kind": entry.kind, "queue": queue}
     handle_signals(host, settings, facts, ready_fd, kind.facts)
-    reconciler.requeue_predecessor(worker_id)
     host.start()
     if kind.identity is not None:  # before Celery consumes: every claim records it
         store.served_by = kind.identity(host.loop.engine)

@@ -494,15 +494,6 @@ class JobStore:
 
     # --- reconciliation ---
 
-    def worker_processes(self) -> dict[str, str]:
-        """This model's registered workers that said which process they are: id -> worker/liveness.py's
-        ``this_process``."""
-        query = select(Worker.id, Worker.process).where(
-            Worker.model == self.model, Worker.process.is_not(None)
-        )
-        with self.sessions() as session:
-            return {worker_id: process for worker_id, process in session.execute(query)}
-
     def requeue_orphans(
         self, heartbeat_timeout: float | None, dead: Collection[str] = ()
     ) -> list[tuple[str, int]]:
