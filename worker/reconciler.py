@@ -29,9 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from sqlalchemy import select
-
-from core.models import Worker, utcnow
+from core.models import utcnow
 from core.purge import Purger
 from core.queue import celery_priority, priorities_at
 from worker.batches import BatchKeeper
@@ -109,12 +107,7 @@ class Reconciler:
 
     def requeue_orphans(self, heartbeat_timeout: float | None) -> None:
         """The jobs of workers proven dead, and with ``heartbeat_timeout`` of those silent that long."""
-        dead = [worker for worker, process in worker_processes(self.store).items() if proven_dead(process)]
-        if dead:
-            logger.warning("workers proven dead on this host", extra={"workers": dead})
-        elif heartbeat_timeout is None:
-            return
-        for job_id, priority in self.store.requeue_orphans(heartbeat_timeout, dead):
+        for job_id, priority in self.store.requeue_orphans(heartbeat_timeout, proven_dead):
             logger.warning("requeued the job of a dead or silent worker", extra={"job_id": job_id})
             self.publish(job_id, priority)
 
@@ -131,11 +124,3 @@ class Reconciler:
         for job_id, priority in self.store.republish_due(published_before, priorities_at(step)):
             logger.warning("republished a queued job without a message", extra={"job_id": job_id})
             self.publish(job_id, priority)
-
-
-def worker_processes(store: JobStore) -> dict[str, str]:
-    """``store``'s model's registered workers that said which process they are: id -> worker/liveness.py's
-    ``this_process``."""
-    query = select(Worker.id, Worker.process).where(Worker.model == store.model, Worker.process.is_not(None))
-    with store.sessions() as session:
-        return {worker_id: process for worker_id, process in session.execute(query)}

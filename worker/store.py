@@ -495,13 +495,20 @@ class JobStore:
     # --- reconciliation ---
 
     def requeue_orphans(
-        self, heartbeat_timeout: float | None, dead: Collection[str] = ()
+        self, heartbeat_timeout: float | None, proven_dead: Callable[[str], bool] = lambda process: False
     ) -> list[tuple[str, int]]:
-        """Running jobs whose worker stopped heartbeating (None: judge no heartbeat) or is ``dead`` (proven
-        so) go back to the queue (or end: cancelled if asked to, failed if that was their last allowed
-        attempt). The dead leave the workers table."""
+        """Running jobs whose worker stopped heartbeating (None: judge no heartbeat) or is proven dead by
+        its ``workers.process`` (worker/liveness.py) go back to the queue (or end: cancelled if asked to,
+        failed if that was their last allowed attempt). The dead leave the workers table."""
+        known = select(Worker.id, Worker.process).where(
+            Worker.model == self.model, Worker.process.is_not(None)
+        )
+        with self.sessions() as session:
+            dead = [worker for worker, process in session.execute(known) if proven_dead(process)]
+        if heartbeat_timeout is None and not dead:
+            return []
         now = utcnow()
-        gone = Job.worker_id.in_(list(dead))
+        gone = Job.worker_id.in_(dead)
         if heartbeat_timeout is not None:
             gone = or_(gone, Job.worker_id.not_in(select(Worker.id).where(Worker.alive(heartbeat_timeout))))
         orphaned = (Job.model == self.model, Job.status == JobStatus.RUNNING, gone)
@@ -521,9 +528,7 @@ class JobStore:
                 .returning(Job.id, Job.priority)
             ).all()
             session.execute(
-                delete(Worker).where(
-                    or_(Worker.heartbeat_at < now - timedelta(days=1), Worker.id.in_(list(dead)))
-                )
+                delete(Worker).where(or_(Worker.heartbeat_at < now - timedelta(days=1), Worker.id.in_(dead)))
             )
         self._publish(deliveries)
         return [(job_id, priority) for job_id, priority in rows]

@@ -10,9 +10,11 @@ from collections.abc import Iterator
 from contextlib import suppress
 
 import pytest
+from sqlalchemy import select
 from sqlalchemy.exc import OperationalError
 
 from core.db import make_db_engine, make_sessionmaker
+from core.models import Worker
 from core.queue import make_celery
 from core.settings import Settings
 from core.states import JobStatus
@@ -22,7 +24,7 @@ from tests.support.services import wait_for
 from tests.worker.test_liveness import PRINT_AND_WAIT
 from worker.batches import BatchKeeper
 from worker.liveness import this_process
-from worker.reconciler import Reconciler, worker_processes
+from worker.reconciler import Reconciler
 from worker.store import JobStore
 
 TIMEOUT = 2.0  # the heartbeat timeout
@@ -125,4 +127,5 @@ def test_a_worker_proven_dead_on_this_host_loses_its_jobs_at_the_first_round(sto
     reconciler.reconcile()  # its first round: connected for far less than the heartbeat timeout
     assert requeued == [dead_job]
     assert (row(store, dead_job).status, row(store, live_job).status) == (JobStatus.QUEUED, JobStatus.RUNNING)
-    assert set(worker_processes(store)) == {"live"}, "the dead worker left the workers table"
+    with store.sessions() as session:
+        assert set(session.scalars(select(Worker.id))) == {"live"}, "the dead worker left the workers table"
