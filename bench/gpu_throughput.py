@@ -31,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,7 @@ SEED = 0
 HF_SYSTEMS = ("hf-static-32", "hf-static-64", "hf-static-128", "hf-continuous")
 TARGETS = {"decode@256": 1.3, "decode@1": 1.5, "offline": 5.0}
 PROFILED, PROFILE_ROWS = 2, 12  # decode steps profiled at the largest batch, and the ops reported
+WARM_TOKENS = 3  # every request's first tokens, before decode steps are timed
 LLAMA_31_8B = dict(
     hidden_size=4096,
     intermediate_size=14336,
@@ -179,38 +181,51 @@ def run_pagedq(path: str, sizes: Sizes, args: argparse.Namespace) -> dict[str, A
 def decode_steps(
     llm: Any, sizes: Sizes, bandwidth: float, greedy: Any
 ) -> tuple[dict[str, dict[str, float]], list[dict[str, Any]]]:
-    """Median step time of ``decode_steps`` steps at each batch size, and the step's bandwidth bound; the
-    profile of the largest batch's steps."""
+    """Median step time of ``decode_steps`` decode-only steps at each batch size, and the step's bandwidth
+    bound; the profile of the largest batch's steps."""
     engine, rng = llm.engine, random.Random(SEED + 1)
-    runner = engine.runner
-    model = runner.model
+    model = engine.runner.model
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     if not model.config.tie_word_embeddings:  # a step reads only its tokens' embedding rows
         weights -= model.embed_tokens.weight.numel() * model.embed_tokens.weight.element_size()
-    kv_per_token = engine.model_config.kv_bytes_per_token(runner.dtype)
-    results = {}
+    kv_per_token = engine.model_config.kv_bytes_per_token(engine.runner.dtype)
+    results, profile = {}, []
     for batch in sizes.decode_batches:
-        warm = 3
-        for i in range(batch):
+        requests = [f"decode-{batch}-{i}" for i in range(batch)]
+        # The prompts' prefill takes this many steps, while the first prefilled already decode: each
+        # request gets tokens enough to be still decoding when the last one starts.
+        prefill_steps = -(-batch * sizes.decode_context // engine.config.max_num_batched_tokens)
+        max_tokens = WARM_TOKENS + prefill_steps + sizes.decode_steps + PROFILED + 1
+        for request in requests:
             ids = [rng.randrange(engine.model_config.vocab_size) for _ in range(sizes.decode_context)]
-            engine.add_request(f"decode-{batch}-{i}", ids, greedy(warm + sizes.decode_steps + 1 + PROFILED))
-        produced = 0
-        while produced < batch * warm:  # the prefills, then a few decodes
-            produced += sum(len(o.token_ids) for d in engine.step() for o in d.outputs)
-        times = []
-        for _ in range(sizes.decode_steps):
-            start = time.perf_counter()
-            engine.step()  # returns sampled ids to the host: the GPU is done when it returns
-            times.append(time.perf_counter() - start)
+            engine.add_request(request, ids, greedy(max_tokens))
+        produced: Counter[str] = Counter()
+        while len(produced) < batch or min(produced.values()) < WARM_TOKENS:
+            produced.update({d.request_id: len(d.outputs[0].token_ids) for d in engine.step()})
+        times = [timed_decode_step(engine, batch) for _ in range(sizes.decode_steps)]
         if batch == max(sizes.decode_batches):
             profile = profile_steps(engine)
+        for request in requests:
+            engine.abort(request)
         while engine.has_unfinished_requests():
             engine.step()
-        context = sizes.decode_context + warm + sizes.decode_steps / 2
+        context = sizes.decode_context + WARM_TOKENS + sizes.decode_steps / 2
         bound = (weights + batch * context * kv_per_token) / bandwidth
         step = statistics.median(times)
         results[str(batch)] = {"step_ms": 1e3 * step, "bound_ms": 1e3 * bound, "ratio": step / bound}
     return results, profile
+
+
+def timed_decode_step(engine: Any, batch: int) -> float:
+    """One step's seconds; it must be a decode of every one of the ``batch`` requests (a prefill in the
+    step, or a preemption, would time something else)."""
+    start = time.perf_counter()
+    outputs = engine.step()  # returns sampled ids to the host: the GPU is done when it returns
+    seconds = time.perf_counter() - start
+    decoded = sum(1 for d in outputs if len(d.outputs[0].token_ids) == 1)
+    if decoded != batch:
+        raise RuntimeError(f"a timed step at batch {batch} decoded {decoded} requests, not every one")
+    return seconds
 
 
 def profile_steps(engine: Any) -> list[dict[str, Any]]:
