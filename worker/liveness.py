@@ -9,9 +9,18 @@ no heartbeat timeout.
 """
 
 import os
+import secrets
+import socket
 from pathlib import Path
 
 PROC = Path("/proc")
+
+
+def new_worker_id() -> str:
+    """``host:pid:nonce``, different for every worker process: a container restarted in place often gets
+    the same host name and pid again, and a worker under its dead predecessor's id would heartbeat for the
+    dead one's running jobs, which then never went back to the queue."""
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(2)}"
 
 
 def this_process() -> str | None:

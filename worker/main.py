@@ -8,7 +8,6 @@ import json
 import logging
 import os
 import signal
-import socket
 import threading
 from collections.abc import Callable
 from datetime import datetime
@@ -40,6 +39,7 @@ from worker.flusher import Flusher, Publish
 from worker.health import WorkerHealth
 from worker.heartbeat import Heartbeat
 from worker.host import EngineHost, EngineKind
+from worker.liveness import new_worker_id
 from worker.os_threads import name_this_thread, set_bookkeeping_nice
 from worker.reconciler import Reconciler
 from worker.results import JobResult
@@ -111,7 +111,7 @@ def serve(
     settings: Settings, entry: ModelEntry, kind_of: Callable[[EngineConfig], EngineKind], ready_fd: int | None
 ) -> int:
     """Serves the queue of the model ``entry`` with an engine of its kind until a signal (``run_worker``)."""
-    worker_id = f"{socket.gethostname()}:{os.getpid()}"
+    worker_id = new_worker_id()
     set_bookkeeping_nice(settings.bookkeeping_nice)
     engine_config = entry.engine_config(settings.engine_config())
     kind = kind_of(engine_config)

@@ -8,13 +8,14 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import suppress
+from datetime import timedelta
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.exc import OperationalError
 
 from core.db import make_db_engine, make_sessionmaker
-from core.models import Worker
+from core.models import Worker, utcnow
 from core.queue import make_celery
 from core.settings import Settings
 from core.states import JobStatus
@@ -23,7 +24,7 @@ from tests.support.roles import MODEL, add_job, database_away, row
 from tests.support.services import wait_for
 from tests.worker.test_liveness import PRINT_AND_WAIT
 from worker.batches import BatchKeeper
-from worker.liveness import this_process
+from worker.liveness import new_worker_id, this_process
 from worker.reconciler import Reconciler
 from worker.store import JobStore
 
@@ -129,3 +130,17 @@ def test_a_worker_proven_dead_on_this_host_loses_its_jobs_at_the_first_round(sto
     assert (row(store, dead_job).status, row(store, live_job).status) == (JobStatus.QUEUED, JobStatus.RUNNING)
     with store.sessions() as session:
         assert set(session.scalars(select(Worker.id))) == {"live"}, "the dead worker left the workers table"
+
+
+def test_a_worker_restarted_under_its_predecessors_host_and_pid_does_not_keep_its_jobs(store):
+    """A container restarted in place often gets the same host name and pid again (here: the same process).
+    The new worker's heartbeats must not keep the dead one's running job from going back to the queue."""
+    before, after = new_worker_id(), new_worker_id()
+    assert before.rsplit(":", 1)[0] == after.rsplit(":", 1)[0], "same host and pid"
+    orphan = running_on(store, before)
+    with store.sessions.begin() as session:  # the dead one's last heartbeat, long ago
+        stale = utcnow() - timedelta(seconds=10 * TIMEOUT)
+        session.execute(update(Worker).where(Worker.id == before).values(heartbeat_at=stale))
+    own = running_on(store, after)
+    assert store.requeue_orphans(TIMEOUT) == [(orphan, row(store, orphan).priority)]
+    assert (row(store, orphan).status, row(store, own).status) == (JobStatus.QUEUED, JobStatus.RUNNING)
