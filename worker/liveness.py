@@ -17,10 +17,10 @@ PROC = Path("/proc")
 
 
 def new_worker_id() -> str:
-    """``host:pid:nonce``, different for every worker process: a container restarted in place often gets
+    """``host:nonce:pid``, different for every worker process: a container restarted in place often gets
     the same host name and pid again, and a worker under its dead predecessor's id would heartbeat for the
     dead one's running jobs, which then never went back to the queue."""
-    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(2)}"
+    return f"{socket.gethostname()}:{secrets.token_hex(2)}:{os.getpid()}"
 
 
 def this_process() -> str | None:

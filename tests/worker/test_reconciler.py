@@ -136,7 +136,8 @@ def test_a_worker_restarted_under_its_predecessors_host_and_pid_does_not_keep_it
     """A container restarted in place often gets the same host name and pid again (here: the same process).
     The new worker's heartbeats must not keep the dead one's running job from going back to the queue."""
     before, after = new_worker_id(), new_worker_id()
-    assert before.rsplit(":", 1)[0] == after.rsplit(":", 1)[0], "same host and pid"
+    host, _, pid = before.split(":")
+    assert after.startswith(f"{host}:") and after.endswith(f":{pid}"), "the same host and pid"
     orphan = running_on(store, before)
     with store.sessions.begin() as session:  # the dead one's last heartbeat, long ago
         stale = utcnow() - timedelta(seconds=10 * TIMEOUT)
