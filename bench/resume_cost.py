@@ -45,13 +45,13 @@ def _timed(args: argparse.Namespace, stack: Stack, url: str, kill: str | None) -
     flushed_at_kill = 0
     if kill is not None:
         wait_for(
-            lambda: sum(job.completion_tokens for job in db.jobs(ids)) >= args.kill_at * total,
+            lambda: (stack.completion_tokens(ids) or 0) >= args.kill_at * total,
             3600,
             f"{args.kill_at:.0%} of the tokens to be flushed",
             interval=0.2,
         )
         stack.processes[0].kill()
-        flushed_at_kill = sum(job.completion_tokens for job in db.jobs(ids))
+        flushed_at_kill = stack.completion_tokens(ids) or 0
         if kill == "restart":  # without its flushed tokens a job cannot resume: it starts over
             with db.sessions.begin() as session:
                 session.execute(update(TokenTimes).where(TokenTimes.job_id.in_(ids)).values(token_ids=None))

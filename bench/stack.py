@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 import psycopg
 import redis
+from sqlalchemy import Select, func, select
 from sqlalchemy.exc import OperationalError
 
 from core.models import Job
@@ -82,16 +83,23 @@ class Stack:
         return api_over_http(self.settings)
 
     def ended(self, ids: list[str], interval: float = 0.5) -> list[Job]:
-        """The jobs once every one has ended (asking again while the database is away)."""
+        """The jobs once every one has ended (asking again while the database is away). It polls a count,
+        not the rows: a job row comes with its token times, and reading 32 jobs of 1,000 tokens twice a
+        second took a third of a core from the worker it measures."""
+        unended = select(func.count()).where(Job.id.in_(ids), Job.status.not_in(TERMINAL))
+        wait_for(lambda: self._scalar(unended) == 0, 7200, f"{len(ids)} jobs to end", interval=interval)
+        return self.db.jobs(ids)
 
-        def all_ended() -> list[Job] | None:
-            try:
-                jobs = self.db.jobs(ids)
-            except OperationalError:
-                return None
-            return jobs if all(job.status in TERMINAL for job in jobs) else None
+    def completion_tokens(self, ids: list[str]) -> int | None:
+        """The tokens flushed so far by the jobs ``ids`` (None while the database is away)."""
+        return self._scalar(select(func.coalesce(func.sum(Job.completion_tokens), 0)).where(Job.id.in_(ids)))
 
-        return wait_for(all_ended, 7200, f"{len(ids)} jobs to end", interval=interval)
+    def _scalar(self, statement: Select[Any]) -> Any:
+        try:
+            with self.db.sessions() as session:
+                return session.scalar(statement)
+        except OperationalError:
+            return None
 
 
 def submit_jobs(url: str, prompts: list[str], max_tokens: int, submitters: int = 1) -> list[str]:
