@@ -192,9 +192,10 @@ def decode_steps(
     results, profile = {}, []
     for batch in sizes.decode_batches:
         requests = [f"decode-{batch}-{i}" for i in range(batch)]
-        # The prompts' prefill takes this many steps, while the first prefilled already decode: each
-        # request gets tokens enough to be still decoding when the last one starts.
-        prefill_steps = -(-batch * sizes.decode_context // engine.config.max_num_batched_tokens)
+        # The prompts' prefill takes about this many steps (twice it: the decoding rows share each step's
+        # budget), while the first prefilled already decode: each request gets tokens enough to be still
+        # decoding when the last one starts.
+        prefill_steps = 2 * -(-batch * sizes.decode_context // engine.config.max_num_batched_tokens)
         max_tokens = WARM_TOKENS + prefill_steps + sizes.decode_steps + PROFILED + 1
         for request in requests:
             ids = [rng.randrange(engine.model_config.vocab_size) for _ in range(sizes.decode_context)]
