@@ -4,6 +4,7 @@ Every write to a job is conditional on the attempt that claimed it, so a stale d
 redelivered message, a worker presumed dead) can never overwrite what the current run wrote.
 """
 
+import logging
 import threading
 from collections import defaultdict
 from collections.abc import Callable, Collection
@@ -41,6 +42,8 @@ from core.timings import joined
 from core.webhooks import Outbox
 from worker.fair import SKIP, Prefixes, Submitted, fairest, skipping
 from worker.run_writes import APPEND_TEXT, append_token_times, update_runs
+
+logger = logging.getLogger(__name__)
 
 
 def database_away(error: BaseException) -> bool:
@@ -505,6 +508,8 @@ class JobStore:
         )
         with self.sessions() as session:
             dead = [worker for worker, process in session.execute(known) if proven_dead(process)]
+        if dead:
+            logger.warning("workers proven dead on this host", extra={"workers": dead})
         if heartbeat_timeout is None and not dead:
             return []
         now = utcnow()

@@ -110,7 +110,7 @@ def test_rounds_go_on_while_batch_jobs_end_all_the_time(service_settings, store)
     assert not rounds.is_alive()
 
 
-def test_a_worker_proven_dead_on_this_host_loses_its_jobs_at_the_first_round(store):
+def test_a_worker_proven_dead_on_this_host_loses_its_jobs_at_the_first_round(store, caplog):
     """No heartbeat timeout (it is a minute here, and every heartbeat is fresh): a worker whose process is
     gone (worker/liveness.py) is dead now; a live one beside it keeps its job."""
     child = subprocess.Popen(
@@ -127,6 +127,8 @@ def test_a_worker_proven_dead_on_this_host_loses_its_jobs_at_the_first_round(sto
     reconciler = Reconciler(store, lambda job_id, _: requeued.append(job_id), lambda *_: None, 60.0, 60.0)
     reconciler.reconcile()  # its first round: connected for far less than the heartbeat timeout
     assert requeued == [dead_job]
+    [said] = [r for r in caplog.records if r.getMessage() == "workers proven dead on this host"]
+    assert said.workers == ["dead"]
     assert (row(store, dead_job).status, row(store, live_job).status) == (JobStatus.QUEUED, JobStatus.RUNNING)
     with store.sessions() as session:
         assert set(session.scalars(select(Worker.id))) == {"live"}, "the dead worker left the workers table"
