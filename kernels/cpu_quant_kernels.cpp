@@ -31,6 +31,7 @@
 namespace {
 
 constexpr int QK = 32;  // values per activation block and per weight sub-block
+constexpr int PREFETCH = 512;  // how far ahead in a weight row the fused kernels prefetch, in bytes
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
 #define LEVEL2_AVX512  // level 2 runs the float path 16 lanes wide too
 constexpr int BEST_LEVEL = 2;
@@ -46,7 +47,7 @@ struct BlockQ8 {  // one 32-value block of an activation row: x ~ d * q
   int8_t q[QK];
 };
 
-inline float f16(const uint8_t* p) {  // exact either way: every float16 is a float32
+inline float f16(const uint8_t* p) {
   uint16_t h;
   std::memcpy(&h, p, 2);
 #ifdef __F16C__
@@ -257,77 +258,44 @@ inline __m256i dot4(__m256i u, __m256i s) {
   return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
 }
 
-// G weight rows at a time, each with dot_avx2's products and order for one row: the rows share the
-// activation loads and keep G x R independent accumulator chains in flight (one chain is FMA-latency bound).
-template <class W, int R, int G, bool VNNI>
-void dot_avx2(const uint8_t* const* wrows, int64_t blocks, const BlockQ8* const* x, float (*out)[G]) {
-  __m256 acc[R][G];
-  float macc[R][G] = {};
-  for (auto& row : acc)
-    for (auto& a : row) a = _mm256_setzero_ps();
-  Scales<W::SUBS> s[G];
+template <class W, int R, bool VNNI>
+void dot_avx2(const uint8_t* wrow, int64_t blocks, const BlockQ8* const* x, float* out) {
+  __m256 acc[R];
+  float macc[R] = {};
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  Scales<W::SUBS> s;
   for (int64_t b = 0; b < blocks; ++b) {
-    for (int g = 0; g < G; ++g) W::scales(wrows[g] + b * W::BYTES, s[g]);
+    const uint8_t* blk = wrow + b * W::BYTES;
+    W::scales(blk, s);
+    _mm_prefetch(reinterpret_cast<const char*>(blk + PREFETCH), _MM_HINT_T0);
     for (int sub = 0; sub < W::SUBS; ++sub) {
-      __m256i w[G], magnitude[G];
-      __m256 sc[G];
-      for (int g = 0; g < G; ++g) {
-        w[g] = W::unpack8(wrows[g] + b * W::BYTES, sub);
-        magnitude[g] = W::SIGNED ? _mm256_sign_epi8(w[g], w[g]) : w[g];
-        sc[g] = _mm256_set_m128(_mm_set1_ps(s[g].sc[sub][1]), _mm_set1_ps(s[g].sc[sub][0]));
-      }
+      const __m256i w = W::unpack8(blk, sub);
+      const __m256i magnitude = W::SIGNED ? _mm256_sign_epi8(w, w) : w;
+      const __m256 sc = _mm256_set_m128(_mm_set1_ps(s.sc[sub][1]), _mm_set1_ps(s.sc[sub][0]));
       for (int r = 0; r < R; ++r) {
         const BlockQ8& xq = x[r][b * W::SUBS + sub];
-        const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq.q));
-        for (int g = 0; g < G; ++g) {
-          const __m256i xs = W::SIGNED ? _mm256_sign_epi8(xv, w[g]) : xv;
-          const __m256 sums = _mm256_cvtepi32_ps(dot4<VNNI>(magnitude[g], xs));
-          acc[r][g] = _mm256_fmadd_ps(_mm256_mul_ps(sc[g], _mm256_set1_ps(xq.d)), sums, acc[r][g]);
-          if constexpr (W::HAS_MIN) macc[r][g] += s[g].mterm[sub] * xq.s;
-        }
+        __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq.q));
+        if constexpr (W::SIGNED) xv = _mm256_sign_epi8(xv, w);
+        const __m256 sums = _mm256_cvtepi32_ps(dot4<VNNI>(magnitude, xv));
+        acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(sc, _mm256_set1_ps(xq.d)), sums, acc[r]);
+        if constexpr (W::HAS_MIN) macc[r] += s.mterm[sub] * xq.s;
       }
     }
   }
-  for (int r = 0; r < R; ++r)
-    for (int g = 0; g < G; ++g) out[r][g] = hsum8(acc[r][g]) + macc[r][g];
+  for (int r = 0; r < R; ++r) out[r] = hsum8(acc[r]) + macc[r];
 }
 #endif
-
-constexpr int TILE = 4;  // activation rows per pass over the weight rows (the fused path)
-constexpr int NW = 4;    // weight rows per pass (the fused path)
-
-// How many of the NW weight rows a SIMD kernel takes at once for R activation rows: enough independent
-// accumulator chains to hide the FMA's latency, few enough to stay in registers (16 of them below AVX-512).
-template <int R>
-constexpr int group(int level) {
-  return R == 1 ? (level == 2 ? 4 : 2) : (R == 2 && level == 2 ? 2 : 1);
-}
-
-// out[r][n] = rows[n] . activation row r for the NW weight rows, kernel(rows, part) taking G at a time.
-template <int R, int G, class Kernel>
-void in_groups(Kernel kernel, const uint8_t* const* wrows, float (*out)[NW]) {
-  for (int n0 = 0; n0 < NW; n0 += G) {
-    float part[R][G];
-    kernel(wrows + n0, part);
-    for (int r = 0; r < R; ++r)
-      for (int g = 0; g < G; ++g) out[r][n0 + g] = part[r][g];
-  }
-}
 
 template <class W, int R>
-void dot_rows(int level, const uint8_t* const* wrows, int64_t blocks, const BlockQ8* const* x, float (*out)[NW]) {
+void dot_rows(int level, const uint8_t* wrow, int64_t blocks, const BlockQ8* const* x, float* out) {
 #ifdef __AVX2__
-  if (level == 2) {
-    constexpr int G = group<R>(2);
-    return in_groups<R, G>([&](auto rows, auto part) { dot_avx2<W, R, G, true>(rows, blocks, x, part); }, wrows, out);
-  }
-  if (level == 1) {
-    constexpr int G = group<R>(1);
-    return in_groups<R, G>([&](auto rows, auto part) { dot_avx2<W, R, G, false>(rows, blocks, x, part); }, wrows, out);
-  }
+  if (level == 2) return dot_avx2<W, R, true>(wrow, blocks, x, out);
+  if (level == 1) return dot_avx2<W, R, false>(wrow, blocks, x, out);
 #endif
-  in_groups<R, 1>([&](auto rows, auto part) { dot_scalar<W, R>(rows[0], blocks, x, &part[0][0]); }, wrows, out);
+  dot_scalar<W, R>(wrow, blocks, x, out);
 }
+
+constexpr int TILE = 4;  // activation rows per pass over a weight row
 
 // --- The float path: weights de-quantized in registers, times float32 activations (no activation rounding).
 // A sub-block's 32 values are de-quantized as kernels/quant_reference.py does (scale * q, then + min: the
@@ -374,28 +342,24 @@ inline void dequant_sub(const uint8_t* blk, int sub, const Scales<W::SUBS>& s, _
   }
 }
 
-// G weight rows at a time (as dot_avx2), each output summed as for one row.
-template <class W, int R, int G>
-void fdot_avx2(const uint8_t* const* wrows, int64_t blocks, const float* const* x, float (*out)[G]) {
-  __m256 acc[R][G][2];
-  for (auto& row : acc)
-    for (auto& pair : row) pair[0] = pair[1] = _mm256_setzero_ps();
-  Scales<W::SUBS> s[G];
+template <class W, int R>
+void fdot_avx2(const uint8_t* wrow, int64_t blocks, const float* const* x, float* out) {
+  __m256 acc[R][2];
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+  Scales<W::SUBS> s;
   for (int64_t b = 0; b < blocks; ++b) {
-    for (int g = 0; g < G; ++g) W::scales(wrows[g] + b * W::BYTES, s[g]);
+    const uint8_t* blk = wrow + b * W::BYTES;
+    W::scales(blk, s);
+    _mm_prefetch(reinterpret_cast<const char*>(blk + PREFETCH), _MM_HINT_T0);
     for (int sub = 0; sub < W::SUBS; ++sub) {
-      __m256 w[G][4];
-      for (int g = 0; g < G; ++g) dequant_sub<W>(wrows[g] + b * W::BYTES, sub, s[g], w[g]);
+      __m256 w[4];
+      dequant_sub<W>(blk, sub, s, w);
       const int64_t at = (b * W::SUBS + sub) * QK;
       for (int r = 0; r < R; ++r)
-        for (int c = 0; c < 4; ++c) {
-          const __m256 xv = _mm256_loadu_ps(x[r] + at + 8 * c);
-          for (int g = 0; g < G; ++g) acc[r][g][c % 2] = _mm256_fmadd_ps(w[g][c], xv, acc[r][g][c % 2]);
-        }
+        for (int c = 0; c < 4; ++c) acc[r][c % 2] = _mm256_fmadd_ps(w[c], _mm256_loadu_ps(x[r] + at + 8 * c), acc[r][c % 2]);
     }
   }
-  for (int r = 0; r < R; ++r)
-    for (int g = 0; g < G; ++g) out[r][g] = hsum8(_mm256_add_ps(acc[r][g][0], acc[r][g][1]));
+  for (int r = 0; r < R; ++r) out[r] = hsum8(_mm256_add_ps(acc[r][0], acc[r][1]));
 }
 #endif
 
@@ -418,45 +382,36 @@ inline void dequant_sub16(const uint8_t* blk, int sub, const Scales<W::SUBS>& s,
 
 // fdot_avx2 16 lanes wide: lanes 0-7 are its first accumulator (chunks 0 and 2 of each sub-block), lanes
 // 8-15 its second (chunks 1 and 3), each lane fed the same products in the same order: the same bits.
-template <class W, int R, int G>
-void fdot_avx512(const uint8_t* const* wrows, int64_t blocks, const float* const* x, float (*out)[G]) {
-  __m512 acc[R][G];
-  for (auto& row : acc)
-    for (auto& a : row) a = _mm512_setzero_ps();
-  Scales<W::SUBS> s[G];
+template <class W, int R>
+void fdot_avx512(const uint8_t* wrow, int64_t blocks, const float* const* x, float* out) {
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  Scales<W::SUBS> s;
   for (int64_t b = 0; b < blocks; ++b) {
-    for (int g = 0; g < G; ++g) W::scales(wrows[g] + b * W::BYTES, s[g]);
+    const uint8_t* blk = wrow + b * W::BYTES;
+    W::scales(blk, s);
+    _mm_prefetch(reinterpret_cast<const char*>(blk + PREFETCH), _MM_HINT_T0);
     for (int sub = 0; sub < W::SUBS; ++sub) {
-      __m512 w[G][2];
-      for (int g = 0; g < G; ++g) dequant_sub16<W>(wrows[g] + b * W::BYTES, sub, s[g], w[g]);
+      __m512 w[2];
+      dequant_sub16<W>(blk, sub, s, w);
       const int64_t at = (b * W::SUBS + sub) * QK;
       for (int r = 0; r < R; ++r)
-        for (int h = 0; h < 2; ++h) {
-          const __m512 xv = _mm512_loadu_ps(x[r] + at + 16 * h);
-          for (int g = 0; g < G; ++g) acc[r][g] = _mm512_fmadd_ps(w[g][h], xv, acc[r][g]);
-        }
+        for (int h = 0; h < 2; ++h) acc[r] = _mm512_fmadd_ps(w[h], _mm512_loadu_ps(x[r] + at + 16 * h), acc[r]);
     }
   }
-  for (int r = 0; r < R; ++r)
-    for (int g = 0; g < G; ++g) out[r][g] = hsum16(acc[r][g]);
+  for (int r = 0; r < R; ++r) out[r] = hsum16(acc[r]);
 }
 #endif
 
 template <class W, int R>
-void fdot_rows(int level, const uint8_t* const* wrows, int64_t blocks, const float* const* x, float (*out)[NW]) {
+void fdot_rows(int level, const uint8_t* wrow, int64_t blocks, const float* const* x, float* out) {
 #ifdef LEVEL2_AVX512
-  if (level == 2) {
-    constexpr int G = group<R>(2);
-    return in_groups<R, G>([&](auto rows, auto part) { fdot_avx512<W, R, G>(rows, blocks, x, part); }, wrows, out);
-  }
+  if (level == 2) return fdot_avx512<W, R>(wrow, blocks, x, out);
 #endif
 #ifdef __AVX2__
-  if (level >= 1) {
-    constexpr int G = group<R>(1);
-    return in_groups<R, G>([&](auto rows, auto part) { fdot_avx2<W, R, G>(rows, blocks, x, part); }, wrows, out);
-  }
+  if (level >= 1) return fdot_avx2<W, R>(wrow, blocks, x, out);
 #endif
-  in_groups<R, 1>([&](auto rows, auto part) { fdot_scalar<W, R>(rows[0], blocks, x, &part[0][0]); }, wrows, out);
+  fdot_scalar<W, R>(wrow, blocks, x, out);
 }
 
 #ifdef __AVX2__
@@ -638,30 +593,26 @@ constexpr int64_t BLOCKED_ROWS = 5;
 template <int R>
 using Rows = std::integral_constant<int, R>;
 
-// The fused path: weight rows [begin, end), NW at a time, each against the activation rows (row m at
-// x0 + m * x_len) up to TILE at a time; dot(Rows<r>, wrows, blocks, x, dots) is one type's kernel at the
-// caller's level. A short pass repeats its last weight row and drops those results.
+// The fused path: weight rows [begin, end), each against the activation rows (row m at x0 + m * x_len) up
+// to TILE at a time; dot(Rows<r>, wrow, blocks, x, dots) is one type's kernel at the caller's level.
 template <class W, class X, class Dot>
 void fused_rows(const uint8_t* w, int64_t row_bytes, const X* x0, int64_t x_len, int64_t m_rows, Dot dot,
                 float* out, int64_t ldo, int64_t col0, int64_t begin, int64_t end) {
   const int64_t blocks = row_bytes / W::BYTES;
   const X* x[TILE];
-  const uint8_t* wrows[NW];
-  float dots[TILE][NW];
-  for (int64_t n = begin; n < end; n += NW) {
-    const int64_t nn = std::min<int64_t>(NW, end - n);
-    for (int i = 0; i < NW; ++i) wrows[i] = w + std::min<int64_t>(n + i, end - 1) * row_bytes;
+  float dots[TILE];
+  for (int64_t n = begin; n < end; ++n) {
+    const uint8_t* wrow = w + n * row_bytes;
     for (int64_t m = 0; m < m_rows; m += TILE) {
       const int64_t r = std::min<int64_t>(TILE, m_rows - m);
       for (int64_t i = 0; i < r; ++i) x[i] = x0 + (m + i) * x_len;
       switch (r) {
-        case 4: dot(Rows<4>{}, wrows, blocks, x, dots); break;
-        case 3: dot(Rows<3>{}, wrows, blocks, x, dots); break;
-        case 2: dot(Rows<2>{}, wrows, blocks, x, dots); break;
-        default: dot(Rows<1>{}, wrows, blocks, x, dots);
+        case 4: dot(Rows<4>{}, wrow, blocks, x, dots); break;
+        case 3: dot(Rows<3>{}, wrow, blocks, x, dots); break;
+        case 2: dot(Rows<2>{}, wrow, blocks, x, dots); break;
+        default: dot(Rows<1>{}, wrow, blocks, x, dots);
       }
-      for (int64_t i = 0; i < r; ++i)
-        for (int64_t j = 0; j < nn; ++j) out[(m + i) * ldo + col0 + n + j] = dots[i][j];
+      for (int64_t i = 0; i < r; ++i) out[(m + i) * ldo + col0 + n] = dots[i];
     }
   }
 }
@@ -675,8 +626,9 @@ void fmatmul_rows(int level, const uint8_t* w, int64_t row_bytes, const float* x
   if (level == 1 && m_rows >= BLOCKED_ROWS)
     return fmatmul_blocked<W, false>(w, row_bytes, xf, m_rows, k, out, ldo, col0, begin, end);
 #endif
-  auto dot = [level](auto rows, const uint8_t* const* wrows, int64_t blocks, const float* const* x,
-                     float (*dots)[NW]) { fdot_rows<W, decltype(rows)::value>(level, wrows, blocks, x, dots); };
+  auto dot = [level](auto rows, const uint8_t* wrow, int64_t blocks, const float* const* x, float* dots) {
+    fdot_rows<W, decltype(rows)::value>(level, wrow, blocks, x, dots);
+  };
   fused_rows<W>(w, row_bytes, xf, k, m_rows, dot, out, ldo, col0, begin, end);
 }
 
@@ -690,8 +642,9 @@ void matmul_rows(int level, const uint8_t* w, int64_t row_bytes, const BlockQ8* 
   if (level == 1 && m_rows >= BLOCKED_ROWS)
     return matmul_blocked<W, false>(w, row_bytes, xq, m_rows, x_blocks, out, ldo, col0, begin, end);
 #endif
-  auto dot = [level](auto rows, const uint8_t* const* wrows, int64_t blocks, const BlockQ8* const* x,
-                     float (*dots)[NW]) { dot_rows<W, decltype(rows)::value>(level, wrows, blocks, x, dots); };
+  auto dot = [level](auto rows, const uint8_t* wrow, int64_t blocks, const BlockQ8* const* x, float* dots) {
+    dot_rows<W, decltype(rows)::value>(level, wrow, blocks, x, dots);
+  };
   fused_rows<W>(w, row_bytes, xq, x_blocks, m_rows, dot, out, ldo, col0, begin, end);
 }
 
