@@ -1,7 +1,8 @@
-"""The CPU kernels (``kernels/cpu_kernels.cpp``, and ``kernels/cpu_quant_kernels.cpp`` for GGUF-quantized
-weights): built on first use with torch's cpp_extension, once per
-machine, and loaded as ``torch.ops.pagedq_cpu``; ``available()`` is False (and says why once, in the
-log) when they cannot be built, and the dispatcher then runs the torch reference.
+"""The CPU kernels (``kernels/cpu_kernels.cpp``, ``kernels/cpu_quant_kernels.cpp`` for GGUF-quantized
+weights, and ``kernels/cpu_decoder_layer.cpp``, a GGUF model's decoder layer in one call): built on first
+use with torch's cpp_extension, once per machine, and loaded as ``torch.ops.pagedq_cpu``; ``available()``
+is False (and says why once, in the log) when they cannot be built, and the dispatcher then runs the
+torch reference.
 
 The build lives in ``~/.cache/pagedq/cpu_kernels/<key>`` (``PAGEDQ_CPU_KERNELS_DIR`` moves it), keyed
 by the source, torch's version and the CPU's flags: it is compiled with ``-march=native``, so a copy
@@ -26,7 +27,10 @@ from kernels.metadata import AttentionMetadata
 
 logger = logging.getLogger("pagedq.kernels")
 
-SOURCES = [Path(__file__).with_name(name) for name in ("cpu_kernels.cpp", "cpu_quant_kernels.cpp")]
+SOURCES = [
+    Path(__file__).with_name(name)
+    for name in ("cpu_kernels.cpp", "cpu_quant_kernels.cpp", "cpu_decoder_layer.cpp")
+]
 DIR_ENV = "PAGEDQ_CPU_KERNELS_DIR"
 # Sequences with at most this many new tokens attend in the C++ kernel; longer prefills use SDPA.
 IN_PLACE_MAX_QUERY = 16
@@ -118,7 +122,7 @@ def paged_attention(
     matmul-based attention is faster when many queries share the keys (the gather is then small), unless
     ``meta.batch_invariant``: then every row attends in place, as it would in a decode step."""
     reference.check_attention_shapes(query, k_cache, v_cache, meta)
-    max_query = meta.num_tokens if meta.batch_invariant else IN_PLACE_MAX_QUERY
+    max_query = in_place_max_query(meta)
     out = torch.ops.pagedq_cpu.paged_attention(
         query,
         k_cache,
@@ -136,6 +140,16 @@ def paged_attention(
             k, v = reference.gather(k_cache, v_cache, seq.block_ids, 1, buffer)
             out[seq.start : seq.end] = reference.prefill(query, k, v, seq, scale)
     return out
+
+
+def in_place_max_query(meta: AttentionMetadata) -> int:
+    """The longest query a sequence attends in place with this step (longer prefills go through SDPA)."""
+    return meta.num_tokens if meta.batch_invariant else IN_PLACE_MAX_QUERY
+
+
+def attends_in_place(meta: AttentionMetadata) -> bool:
+    """Whether every sequence of this step attends in the C++ kernel (no long prefill)."""
+    return meta.max_query_len <= in_place_max_query(meta)
 
 
 def encoder_attention(qkv: Tensor, lens: list[int], heads: int) -> Tensor:
@@ -200,3 +214,30 @@ def pack_invariant_linear(weight: Tensor) -> Tensor | None:
 def invariant_linear_packed(x: Tensor, packed: Tensor, out_features: int, bias: Tensor | None) -> Tensor:
     """``invariant_linear`` (the same bits) on a weight from ``pack_invariant_linear``."""
     return torch.ops.pagedq_cpu.invariant_linear_packed(x, packed, out_features, bias)
+
+
+def gguf_decoder_layer(
+    x: Tensor,
+    residual: Tensor,
+    norms: tuple[Tensor, Tensor],
+    eps: float,
+    linears: "list[tuple[list[Tensor], list[int]]]",
+    qkv_bias: Tensor | None,
+    float_x: bool,
+    rotation: tuple[Tensor, Tensor],
+    kv_cache: tuple[Tensor, Tensor],
+    meta: AttentionMetadata,
+    scale: float,
+    heads: tuple[int, int],
+) -> tuple[Tensor, Tensor]:
+    """A Llama decoder layer on GGUF weights in one call: ``(mlp_out, residual)``, the same bits as its
+    kernels called one by one. ``linears``: (weights, GGML types) of qkv, o, gate_up and down; ``heads``:
+    (query heads, kv heads). Only for steps that ``attends_in_place``."""
+    (qkv, qkv_types), (o, o_types), (gate_up, gate_up_types), (down, down_types) = linears
+    return torch.ops.pagedq_cpu.gguf_decoder_layer(
+        x, residual, norms[0], norms[1], eps,
+        qkv, qkv_types, qkv_bias, o, o_types, gate_up, gate_up_types, down, down_types, float_x,
+        rotation[0], rotation[1], kv_cache[0], kv_cache[1],
+        meta.slot_mapping, meta.block_tables, meta.query_start_loc, meta.seq_lens,
+        scale, in_place_max_query(meta), heads[0], heads[1],
+    )  # fmt: skip

@@ -134,3 +134,12 @@ def quant_linear(x: Tensor, weights: list[Tensor], type_names: list[str], int8: 
         return cpu.quant_linear(x, weights, types, int8=int8)
     parts = [quant_reference.linear(x, w, name) for w, name in zip(weights, type_names, strict=True)]
     return torch.cat(parts, dim=-1)
+
+
+def fuses_gguf_layers(device: torch.device, meta: AttentionMetadata) -> bool:
+    """Whether ``gguf_decoder_layer`` runs this step on ``device``: the C++ kernels run there, and every
+    sequence attends in place (no long prefill)."""
+    return backend_for(device) == "cpu" and cpu.attends_in_place(meta)
+
+
+gguf_decoder_layer = cpu.gguf_decoder_layer

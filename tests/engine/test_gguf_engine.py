@@ -10,14 +10,17 @@ close (top-1 logprobs around -1.5 over 320 tokens): the outputs then agree until
 own two candidates are within that margin. The default model's fidelity is tested on its real file
 (``test_gguf_default_model.py``)."""
 
+import itertools
+import os
 import shutil
 from collections import Counter
 from pathlib import Path
 
 import pytest
+import torch
 from gguf import GGUFReader
 
-from kernels import dispatch
+from kernels import AttentionMetadata, dispatch
 from tests.engine.test_engine_parity import greedy, prompts
 from tests.support.gguf_files import gguf_model_dir
 from tests.support.reference import assert_pool_empty, chosen_logprobs
@@ -25,6 +28,8 @@ from tests.support.tiny_models import make_tiny_model
 from worker.engine import LLM
 from worker.engine.model.gguf_file import GGUFError
 from worker.engine.model.gguf_layers import GGUFEmbedding, GGUFLinear
+from worker.engine.model.gguf_loader import load_gguf_model
+from worker.engine.model.model_config import ModelConfig
 from worker.engine.outputs import CompletionOutput
 from worker.main import engine_facts
 
@@ -130,3 +135,69 @@ def test_bad_files_fail_at_start_naming_the_tensor(gguf_llama: Path, tmp_path: P
     (broken / "config.json").write_text(config.replace('"num_hidden_layers": 2', '"num_hidden_layers": 3'))
     with pytest.raises(GGUFError, match=r"no tensor 'blk\.2\.attn_q\.weight'"):
         LLM(str(broken), kv_cache_bytes=8 << 20, quantization="gguf")
+
+
+def decode_step(model: torch.nn.Module, query_lens: list[int], context: int) -> tuple:
+    """A step of sequences with ``context`` tokens cached and ``query_lens`` new ones each (random caches)."""
+    config, block = model.config, 16
+    per_seq = -(-(context + max(query_lens)) // block)
+    shape = (len(query_lens) * per_seq + 1, block, config.num_kv_heads, config.head_dim)
+    rng = torch.Generator().manual_seed(0)
+    caches = [(torch.randn(shape, generator=rng), torch.randn(shape, generator=rng)) for _ in model.layers]
+    tables = (
+        (torch.randperm(len(query_lens) * per_seq, generator=rng) + 1).view(len(query_lens), per_seq).int()
+    )
+    positions = [p for n in query_lens for p in range(context, context + n)]
+    rows = [b for b, n in enumerate(query_lens) for _ in range(n)]
+    slots = [int(tables[b, p // block]) * block + p % block for b, p in zip(rows, positions, strict=True)]
+    meta = AttentionMetadata(
+        slot_mapping=torch.tensor(slots),
+        block_tables=tables,
+        query_start_loc=torch.tensor([0, *itertools.accumulate(query_lens)], dtype=torch.int32),
+        seq_lens=torch.tensor([context + n for n in query_lens], dtype=torch.int32),
+        query_lens_cpu=query_lens,
+        seq_lens_cpu=[context + n for n in query_lens],
+        block_size=block,
+    )
+    ids = torch.randint(config.vocab_size, (len(positions),), generator=rng)
+    return ids, torch.tensor(positions), caches, meta
+
+
+@pytest.mark.parametrize("kernel", ["float", "int8"])
+@pytest.mark.parametrize(("arch", "tied"), [("llama", False), ("qwen2", False)])
+def test_a_fused_layer_is_its_kernels_one_by_one_to_the_bit(
+    tmp_path: Path, arch: str, tied: bool, kernel: str
+) -> None:
+    """A GGUF model's decoder layers run in one C++ call each where every sequence attends in place: the
+    same kernels in the same order, so the same hidden states, and the same K/V written to the cache."""
+    if dispatch.backend_for(torch.device("cpu")) != "cpu":
+        pytest.fail("the CPU kernels did not build") if os.environ.get("CI") else pytest.skip(
+            "no CPU kernels"
+        )
+    path = tiny_gguf(tmp_path, arch, tied)
+    model = load_gguf_model(
+        ModelConfig.from_pretrained(path), 128, path / "model.gguf", int8=kernel == "int8"
+    )
+    ids, positions, caches, meta = decode_step(model, [1, 1, 3, 1, 7], 40)
+    assert all(
+        layer.fused is not None and layer.fused.fits(torch.empty(11, 1), meta) for layer in model.layers
+    )
+    with torch.inference_mode():
+        one_by_one_caches = [(k.clone(), v.clone()) for k, v in caches]
+        fused = model(ids, positions, caches, meta)
+        for layer in model.layers:
+            layer.fused = None
+        one_by_one = model(ids, positions, one_by_one_caches, meta)
+    assert torch.equal(fused, one_by_one)
+    assert all(
+        torch.equal(a, b)
+        for pair, other in zip(caches, one_by_one_caches, strict=True)
+        for a, b in zip(pair, other, strict=True)
+    )
+
+
+def test_a_step_with_a_long_prefill_runs_layer_by_layer(gguf_llama: Path) -> None:
+    """A prompt longer than in-place attention's reach gathers its K/V for SDPA in Python: no fused layer."""
+    model = load_gguf_model(ModelConfig.from_pretrained(gguf_llama), 128, gguf_llama / "model.gguf")
+    _, _, _, meta = decode_step(model, [1, 40], 20)
+    assert not model.layers[0].fused.fits(torch.empty(41, 1), meta)

@@ -4,9 +4,12 @@ memory-mapped blocks (``GGUFTensor``), never a float32 copy."""
 import torch
 from torch import nn
 
-from kernels import quant_linear
+from kernels import AttentionMetadata, fuses_gguf_layers, gguf_decoder_layer, quant_linear
 from kernels.quant_reference import dequantize
 from worker.engine.model.gguf_file import GGUFTensor
+from worker.engine.model.llama import MLP_CHUNK_TOKENS, DecoderLayer, KVCache
+from worker.engine.model.model_config import ModelConfig
+from worker.engine.model.rotary import Rotation
 
 
 def float_rows(tensor: GGUFTensor, rows: torch.Tensor | None = None) -> torch.Tensor:
@@ -33,6 +36,10 @@ class GGUFLinear(nn.Module):
         return [part.type.name for part in self.parts]
 
     @property
+    def ggml_types(self) -> list[int]:
+        return [part.type.ggml_type for part in self.parts]
+
+    @property
     def weight_bytes(self) -> int:
         return sum(part.nbytes for part in self.parts)
 
@@ -56,3 +63,37 @@ class GGUFEmbedding(nn.Module):
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         return float_rows(self.table, input_ids)
+
+
+class FusedGGUFLayer:
+    """A decoder layer whose linears are all quantized, run in one call of the CPU kernels
+    (``kernels.gguf_decoder_layer``: the same kernels in the same order, so the same bits) where the step
+    allows: the C++ kernels on this device, and every sequence attending in place. ``DecoderLayer``
+    asks ``fits`` first, and runs its own modules one by one where not."""
+
+    def __init__(self, layer: DecoderLayer, config: ModelConfig) -> None:
+        attn, mlp = layer.self_attn, layer.mlp
+        linears = [attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj]
+        if not all(isinstance(linear, GGUFLinear) and linear.quantized for linear in linears):
+            raise ValueError("a fused layer needs every linear quantized")
+        self.linears = [([p.data for p in linear.parts], linear.ggml_types) for linear in linears]
+        self.norms = (layer.input_layernorm.weight, layer.post_attention_layernorm.weight)
+        self.eps, self.scale, self.qkv_bias = config.rms_norm_eps, attn.scale, attn.qkv_proj.bias
+        self.float_x, self.heads = not attn.qkv_proj.int8, (config.num_heads, config.num_kv_heads)
+
+    def fits(self, x: torch.Tensor, meta: AttentionMetadata) -> bool:
+        small = x.shape[0] <= MLP_CHUNK_TOKENS and x.dtype == torch.float32
+        return small and fuses_gguf_layers(x.device, meta)
+
+    def __call__(
+        self,
+        x: torch.Tensor,
+        residual: torch.Tensor,
+        rotation: Rotation,
+        kv_cache: KVCache,
+        meta: AttentionMetadata,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return gguf_decoder_layer(
+            x, residual, self.norms, self.eps, self.linears, self.qkv_bias, self.float_x,
+            rotation, kv_cache, meta, self.scale, self.heads,
+        )  # fmt: skip

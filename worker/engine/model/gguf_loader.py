@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from worker.engine.model.gguf_file import GGUFError, GGUFFile, GGUFTensor
-from worker.engine.model.gguf_layers import GGUFEmbedding, GGUFLinear, float_rows
+from worker.engine.model.gguf_layers import FusedGGUFLayer, GGUFEmbedding, GGUFLinear, float_rows
 from worker.engine.model.llama import LlamaForCausalLM
 from worker.engine.model.model_config import ModelConfig
 from worker.engine.model.rotary import RotaryEmbedding
@@ -112,6 +112,8 @@ class Weights:
         mlp.down_proj = self.linear([self.get(f"{blk}.ffn_down.weight", (hidden, inter))])
         layer.input_layernorm.weight = self.norm(f"{blk}.attn_norm.weight")
         layer.post_attention_layernorm.weight = self.norm(f"{blk}.ffn_norm.weight")
+        if all(linear.quantized for linear in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)):
+            layer.fused = FusedGGUFLayer(layer, c)
 
     def linear(self, parts: list[GGUFTensor], bias: torch.Tensor | None = None) -> GGUFLinear:
         return GGUFLinear(parts, bias, self.int8)

@@ -4,6 +4,8 @@ Every step runs one forward pass over the new tokens of all scheduled sequences,
 prefill chunks and single-token decodes alike. Attention reads past K/V from the paged cache.
 """
 
+from typing import Protocol
+
 import torch
 from torch import nn
 
@@ -17,6 +19,21 @@ from worker.engine.model.rotary import RotaryEmbedding, Rotation
 MLP_CHUNK_TOKENS = 1024
 
 KVCache = tuple[torch.Tensor, torch.Tensor]  # one layer's (keys, values) block pool
+
+
+class FusedLayer(Protocol):
+    """A decoder layer's whole forward in one call, where ``fits`` says the step allows it."""
+
+    def fits(self, x: torch.Tensor, meta: AttentionMetadata) -> bool: ...
+
+    def __call__(
+        self,
+        x: torch.Tensor,
+        residual: torch.Tensor,
+        rotation: Rotation,
+        kv_cache: KVCache,
+        meta: AttentionMetadata,
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
 def empty_param(*shape: int) -> nn.Parameter:
@@ -81,6 +98,9 @@ class DecoderLayer(nn.Module):
         self.self_attn = Attention(config)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
+        # All of it in one kernel call where the weights and the step allow (a GGUF model's
+        # FusedGGUFLayer, set by its loader)
+        self.fused: FusedLayer | None = None
 
     def forward(
         self,
@@ -92,6 +112,8 @@ class DecoderLayer(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(mlp_out, residual)``: their sum is the layer's output. The next layer adds them in its fused
         add + RMSNorm, one pass over the hidden states fewer per layer."""
+        if residual is not None and self.fused is not None and self.fused.fits(x, meta):
+            return self.fused(x, residual, rotation, kv_cache, meta)
         if residual is None:
             h, residual = self.input_layernorm(x), x
         else:
