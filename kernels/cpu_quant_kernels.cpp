@@ -107,8 +107,10 @@ inline __m256i nibbles32(const uint8_t* p, bool high) {  // 32 bytes -> their lo
 }
 #endif
 
+// QS: where a 4-bit type of one sub-block keeps its 16 bytes of nibbles (byte j: value j low, value j + 16
+// high); LOWEST: the unpacked value of nibble 0. The float path looks those types' values up (lookup16).
 struct Q4_0 {
-  static constexpr int BLOCK = 32, BYTES = 18, SUBS = 1;
+  static constexpr int BLOCK = 32, BYTES = 18, SUBS = 1, QS = 2, LOWEST = -8;
   static constexpr bool SIGNED = true, HAS_MIN = false;
   static void scales(const uint8_t* b, Scales<SUBS>& s) { both(s.sc[0], f16(b)); }
   static void unpack(const uint8_t* b, int, int8_t* w) {
@@ -123,7 +125,7 @@ struct Q4_0 {
 };
 
 struct Q4_1 {
-  static constexpr int BLOCK = 32, BYTES = 20, SUBS = 1;
+  static constexpr int BLOCK = 32, BYTES = 20, SUBS = 1, QS = 4, LOWEST = 0;
   static constexpr bool SIGNED = false, HAS_MIN = true;
   static void scales(const uint8_t* b, Scales<SUBS>& s) {
     both(s.sc[0], f16(b));
@@ -380,6 +382,26 @@ inline void dequant_sub16(const uint8_t* blk, int sub, const Scales<W::SUBS>& s,
   }
 }
 
+template <class W, class = void>
+struct Nibbles : std::false_type {};  // a 4-bit type of one sub-block per block (it has W::QS)
+template <class W>
+struct Nibbles<W, std::void_t<decltype(W::QS)>> : std::true_type {};
+
+// dequant_sub16 for Nibbles types: the block's 16 possible values de-quantized once (scale * q, then + min:
+// the same operations on the same values, so the same bits), then looked up per nibble (vpermps reads the
+// low 4 bits of each index lane: a byte's low nibble as it is, its high one shifted down). Two lookups per
+// 32 values where dequant_sub16 converts, scales and shifts each value.
+template <class W>
+inline void lookup16(const uint8_t* blk, const Scales<1>& s, __m512* w) {
+  const __m512 q = _mm512_add_ps(_mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                 _mm512_set1_ps(static_cast<float>(W::LOWEST)));  // exact: small integers
+  __m512 values = _mm512_mul_ps(_mm512_set1_ps(s.sc[0][0]), q);
+  if constexpr (W::HAS_MIN) values = _mm512_add_ps(values, _mm512_set1_ps(s.mterm[0]));
+  const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + W::QS)));
+  w[0] = _mm512_permutexvar_ps(bytes, values);
+  w[1] = _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), values);
+}
+
 // fdot_avx2 16 lanes wide: lanes 0-7 are its first accumulator (chunks 0 and 2 of each sub-block), lanes
 // 8-15 its second (chunks 1 and 3), each lane fed the same products in the same order: the same bits.
 template <class W, int R>
@@ -393,7 +415,10 @@ void fdot_avx512(const uint8_t* wrow, int64_t blocks, const float* const* x, flo
     _mm_prefetch(reinterpret_cast<const char*>(blk + PREFETCH), _MM_HINT_T0);
     for (int sub = 0; sub < W::SUBS; ++sub) {
       __m512 w[2];
-      dequant_sub16<W>(blk, sub, s, w);
+      if constexpr (Nibbles<W>::value)
+        lookup16<W>(blk, s, w);
+      else
+        dequant_sub16<W>(blk, sub, s, w);
       const int64_t at = (b * W::SUBS + sub) * QK;
       for (int r = 0; r < R; ++r)
         for (int h = 0; h < 2; ++h) acc[r] = _mm512_fmadd_ps(w[h], _mm512_loadu_ps(x[r] + at + 16 * h), acc[r]);
