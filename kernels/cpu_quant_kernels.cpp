@@ -441,22 +441,36 @@ void fdot_rows(int level, const uint8_t* wrow, int64_t blocks, const float* cons
 
 #ifdef __AVX2__
 // --- The blocked form of both paths, for many rows: each weight row is prepared once per block of rows
-// (de-quantized to floats, or unpacked to int8 sub-blocks with their scales), and a register tile of FR
-// activation rows x FN weight rows multiplies the prepared rows. Each output keeps the fused kernels'
+// (de-quantized to floats, or unpacked to int8 sub-blocks with their scales), and a register tile of
+// activation rows x weight rows multiplies the prepared rows: FR x FN with 16 registers (AVX2), WR x WN with
+// AVX-512's 32 (each k step's loads then feed twice the FMAs). Each output keeps the fused kernels'
 // accumulators and order (fdot_avx2's, dot_avx2's), so a row's bits depend neither on the path, nor on
 // its tile, nor on its batch.
-constexpr int FR = 3, FN = 2;
+constexpr int FR = 3, FN = 2, WR = 4, WN = 4;
 
-template <class W>
+// A weight row de-quantized to floats (WIDE: 16 values at a time, as fdot_avx512 does: the same bits).
+template <class W, bool WIDE>
 void dequant_row(const uint8_t* wrow, int64_t blocks, float* out) {
   Scales<W::SUBS> s;
   for (int64_t b = 0; b < blocks; ++b) {
     const uint8_t* blk = wrow + b * W::BYTES;
     W::scales(blk, s);
     for (int sub = 0; sub < W::SUBS; ++sub) {
+      float* dst = out + (b * W::SUBS + sub) * QK;
+#ifdef LEVEL2_AVX512
+      if constexpr (WIDE) {
+        __m512 w[2];
+        if constexpr (Nibbles<W>::value)
+          lookup16<W>(blk, s, w);
+        else
+          dequant_sub16<W>(blk, sub, s, w);
+        for (int h = 0; h < 2; ++h) _mm512_storeu_ps(dst + 16 * h, w[h]);
+        continue;
+      }
+#endif
       __m256 w[4];
       dequant_sub<W>(blk, sub, s, w);
-      for (int c = 0; c < 4; ++c) _mm256_storeu_ps(out + (b * W::SUBS + sub) * QK + 8 * c, w[c]);
+      for (int c = 0; c < 4; ++c) _mm256_storeu_ps(dst + 8 * c, w[c]);
     }
   }
 }
@@ -481,20 +495,20 @@ void ftile_avx2(const float* const* w, const float* const* x, int64_t k, float (
 
 #ifdef LEVEL2_AVX512
 // ftile_avx2 16 lanes wide (lanes as in fdot_avx512): the same bits.
-void ftile_avx512(const float* const* w, const float* const* x, int64_t k, float (*out)[FN]) {
-  __m512 acc[FR][FN];
+void ftile_avx512(const float* const* w, const float* const* x, int64_t k, float (*out)[WN]) {
+  __m512 acc[WR][WN];
   for (auto& row : acc)
     for (auto& one : row) one = _mm512_setzero_ps();
   for (int64_t at = 0; at < k; at += 16) {
-    __m512 wv[FN];
-    for (int n = 0; n < FN; ++n) wv[n] = _mm512_loadu_ps(w[n] + at);
-    for (int r = 0; r < FR; ++r) {
+    __m512 wv[WN];
+    for (int n = 0; n < WN; ++n) wv[n] = _mm512_loadu_ps(w[n] + at);
+    for (int r = 0; r < WR; ++r) {
       const __m512 xv = _mm512_loadu_ps(x[r] + at);
-      for (int n = 0; n < FN; ++n) acc[r][n] = _mm512_fmadd_ps(wv[n], xv, acc[r][n]);
+      for (int n = 0; n < WN; ++n) acc[r][n] = _mm512_fmadd_ps(wv[n], xv, acc[r][n]);
     }
   }
-  for (int r = 0; r < FR; ++r)
-    for (int n = 0; n < FN; ++n) out[r][n] = hsum16(acc[r][n]);
+  for (int r = 0; r < WR; ++r)
+    for (int n = 0; n < WN; ++n) out[r][n] = hsum16(acc[r][n]);
 }
 #endif
 
@@ -552,35 +566,35 @@ void itile_avx2(const SubBlock* const* w, const BlockQ8* const* x, int64_t subs,
 
 // Activation rows [m0, m1) (row m at x + m * x_len) times the prepared weight rows panel[0 .. nn) (each
 // p_len apart): out[m, col + n]. A short tile repeats its last row or column and drops those results.
-template <class P, class X, class Tile>
+template <int TR, int TN, class P, class X, class Tile>
 void panel_rows(const P* panel, int64_t p_len, int64_t nn, const X* x, int64_t x_len, int64_t m0, int64_t m1,
                 Tile tile, float* out, int64_t ldo, int64_t col) {
-  const P* w[FN];
-  for (int n = 0; n < FN; ++n) w[n] = panel + std::min<int64_t>(n, nn - 1) * p_len;
-  const X* rows[FR];
-  float dots[FR][FN];
-  for (int64_t m = m0; m < m1; m += FR) {
-    for (int r = 0; r < FR; ++r) rows[r] = x + std::min<int64_t>(m + r, m1 - 1) * x_len;
+  const P* w[TN];
+  for (int n = 0; n < TN; ++n) w[n] = panel + std::min<int64_t>(n, nn - 1) * p_len;
+  const X* rows[TR];
+  float dots[TR][TN];
+  for (int64_t m = m0; m < m1; m += TR) {
+    for (int r = 0; r < TR; ++r) rows[r] = x + std::min<int64_t>(m + r, m1 - 1) * x_len;
     tile(w, rows, dots);
-    for (int64_t r = 0; r < std::min<int64_t>(FR, m1 - m); ++r)
+    for (int64_t r = 0; r < std::min<int64_t>(TR, m1 - m); ++r)
       for (int64_t n = 0; n < nn; ++n) out[(m + r) * ldo + col + n] = dots[r][n];
   }
 }
 
 // Weight rows [begin, end) against all m_rows activation rows, row_block at a time: rows whose activations
-// (about 128 KiB) stay in L2 while each panel of FN prepared weight rows passes over them.
-template <class P, class X, class Prepare, class Tile>
+// (about 128 KiB) stay in L2 while each panel of TN prepared weight rows passes over them in TR x TN tiles.
+template <int TR, int TN, class P, class X, class Prepare, class Tile>
 void blocked(const uint8_t* w, int64_t row_bytes, int64_t p_len, const X* x, int64_t x_len, int64_t x_bytes,
              int64_t m_rows, Prepare prepare, Tile tile, float* out, int64_t ldo, int64_t col0, int64_t begin,
              int64_t end) {
-  const int64_t row_block = std::max<int64_t>(FR, (128 * 1024 / x_bytes) / FR * FR);
-  std::vector<P> panel(FN * p_len);
+  const int64_t row_block = std::max<int64_t>(TR, (128 * 1024 / x_bytes) / TR * TR);
+  std::vector<P> panel(TN * p_len);
   for (int64_t m0 = 0; m0 < m_rows; m0 += row_block) {
     const int64_t m1 = std::min(m_rows, m0 + row_block);
-    for (int64_t n = begin; n < end; n += FN) {
-      const int64_t nn = std::min<int64_t>(FN, end - n);
+    for (int64_t n = begin; n < end; n += TN) {
+      const int64_t nn = std::min<int64_t>(TN, end - n);
       for (int64_t i = 0; i < nn; ++i) prepare(w + (n + i) * row_bytes, panel.data() + i * p_len);
-      panel_rows(panel.data(), p_len, nn, x, x_len, m0, m1, tile, out, ldo, col0 + n);
+      panel_rows<TR, TN>(panel.data(), p_len, nn, x, x_len, m0, m1, tile, out, ldo, col0 + n);
     }
   }
 }
@@ -589,14 +603,15 @@ template <class W, bool WIDE>
 void fmatmul_blocked(const uint8_t* w, int64_t row_bytes, const float* xf, int64_t m_rows, int64_t k, float* out,
                      int64_t ldo, int64_t col0, int64_t begin, int64_t end) {
   const int64_t blocks = row_bytes / W::BYTES;
-  auto prepare = [blocks](const uint8_t* wrow, float* dst) { dequant_row<W>(wrow, blocks, dst); };
-  auto tile = [k](const float* const* wr, const float* const* xr, float (*dots)[FN]) {
+  auto prepare = [blocks](const uint8_t* wrow, float* dst) { dequant_row<W, WIDE>(wrow, blocks, dst); };
 #ifdef LEVEL2_AVX512
-    if constexpr (WIDE) return ftile_avx512(wr, xr, k, dots);
+  if constexpr (WIDE) {
+    auto tile = [k](const float* const* wr, const float* const* xr, float (*dots)[WN]) { ftile_avx512(wr, xr, k, dots); };
+    return blocked<WR, WN, float>(w, row_bytes, k, xf, k, k * 4, m_rows, prepare, tile, out, ldo, col0, begin, end);
+  }
 #endif
-    ftile_avx2(wr, xr, k, dots);
-  };
-  blocked<float>(w, row_bytes, k, xf, k, k * 4, m_rows, prepare, tile, out, ldo, col0, begin, end);
+  auto tile = [k](const float* const* wr, const float* const* xr, float (*dots)[FN]) { ftile_avx2(wr, xr, k, dots); };
+  blocked<FR, FN, float>(w, row_bytes, k, xf, k, k * 4, m_rows, prepare, tile, out, ldo, col0, begin, end);
 }
 
 template <class W, bool VNNI>
@@ -607,7 +622,7 @@ void matmul_blocked(const uint8_t* w, int64_t row_bytes, const BlockQ8* xq, int6
   auto tile = [x_blocks](const SubBlock* const* wr, const BlockQ8* const* xr, float (*dots)[FN]) {
     itile_avx2<W, VNNI>(wr, xr, x_blocks, dots);
   };
-  blocked<SubBlock>(w, row_bytes, x_blocks, xq, x_blocks, x_blocks * int64_t(sizeof(BlockQ8)), m_rows, prepare,
+  blocked<FR, FN, SubBlock>(w, row_bytes, x_blocks, xq, x_blocks, x_blocks * int64_t(sizeof(BlockQ8)), m_rows, prepare,
                     tile, out, ldo, col0, begin, end);
 }
 #endif
