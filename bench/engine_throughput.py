@@ -44,7 +44,15 @@ SEED = 0
 HF_BASELINES = ("hf-sequential", "hf-static-16", "hf-static-64", "hf-continuous")
 # Not run by default: pagedq with the torch reference kernels, transformers in bfloat16, and llama.cpp
 # on the default model's own Q4_1 GGUF (after bench/setup_llama_cpp.sh).
-OTHER_BASELINES = ("pagedq-torch", "pagedq-fp16", "hf-static-16-bf16", "hf-static-64-bf16", "llama-server")
+OTHER_BASELINES = (
+    "pagedq-torch",
+    "pagedq-fp16",
+    "pagedq-gguf",
+    "pagedq-gguf-int8",
+    "hf-static-16-bf16",
+    "hf-static-64-bf16",
+    "llama-server",
+)
 LLAMA_DIR = (
     REPO / "bench" / ".llama.cpp"
 )  # bench/setup_llama_cpp.sh builds llama-server and fetches the GGUF here
@@ -203,6 +211,7 @@ def run_pagedq(
     prefix_caching: bool,
     backend: str | None = None,
     quantization: str = "none",
+    gguf_kernel: str = "float",
 ) -> Run:
     from kernels import dispatch
     from worker.engine import LLM, SamplingParams
@@ -216,6 +225,7 @@ def run_pagedq(
         enable_prefix_caching=prefix_caching,
         kv_cache_bytes=int(args.kv_cache_gib * 2**30) if args.kv_cache_gib else None,
         quantization=quantization,
+        gguf_kernel=gguf_kernel,
     )
     greedy = lambda m: SamplingParams(temperature=0, max_tokens=m, ignore_eos=True)  # noqa: E731
     llm.generate([llm.chat_prompt([{"role": "user", "content": "Warm up."}])], greedy(4))
@@ -390,6 +400,8 @@ def run_system(system: str, path: str, w: Workload, args: argparse.Namespace) ->
         "hf-continuous": lambda: run_hf_continuous(path, w, args),
         "pagedq-torch": lambda: run_pagedq(path, w, args, prefix_caching=True, backend="torch"),
         "pagedq-fp16": lambda: run_pagedq(path, w, args, prefix_caching=True, quantization="fp16"),
+        "pagedq-gguf": lambda: run_pagedq(path, w, args, prefix_caching=True, quantization="gguf"),
+        "pagedq-gguf-int8": lambda: run_pagedq(path, w, args, True, quantization="gguf", gguf_kernel="int8"),
         "llama-server": lambda: run_llama_server(w, args),
     }
     return runners[system]()

@@ -264,6 +264,15 @@ inline void softmax(float* s, int64_t n) {
   for (j = 0; j < n; ++j) s[j] *= inv;
 }
 
+// A cache block's rows for one kv head, fetched towards L1 ahead of use: block tables scatter a sequence's
+// blocks over the pool, where the hardware prefetchers lose the trail at every block.
+template <typename T>
+inline void prefetch_rows(const T* rows, int64_t stride, int64_t n, int64_t dim) {
+  for (int64_t j = 0; j < n; ++j)
+    for (int64_t at = 0; at < dim * static_cast<int64_t>(sizeof(T)); at += 64)
+      __builtin_prefetch(reinterpret_cast<const char*>(rows + j * stride) + at);
+}
+
 // One tile and one kv head: each row's `group` query heads attend keys 0..its position, the tile's rows
 // block by block. A row's sums run in the same order as when it attends alone (a decode): key by key
 // for its scores and its softmax, and over the keys in order for each output element.
@@ -287,16 +296,23 @@ void attend(const T* query, int64_t query_stride, const T* k_cache, const T* v_c
   auto block = [&](const T* cache, int64_t b) { return cache + (table[b] * block_size * kv_heads + kv_head) * dim; };
   auto keys_in = [&](int64_t r, int64_t start) { return std::min(block_size, tile.position + r + 1 - start); };
   auto first_row = [&](int64_t start) { return std::max<int64_t>(0, start - tile.position); };  // with keys there
-  for (int64_t start = 0, b = 0; start < width; start += block_size, ++b)
+  auto prefetch_next = [&](const T* cache, int64_t start, int64_t b) {
+    if (start + block_size < width) prefetch_rows(block(cache, b + 1), stride, block_size, dim);
+  };
+  for (int64_t start = 0, b = 0; start < width; start += block_size, ++b) {
+    prefetch_next(k_cache, start, b);
     for (int64_t r = first_row(start); r < tile.rows; ++r)
       score_any(q + r * group * dim, block(k_cache, b), stride, keys_in(r, start),
                 scores + r * group * width + start, width, group, dim);
+  }
   for (int64_t r = 0; r < tile.rows; ++r)
     for (int64_t g = 0; g < group; ++g) softmax(scores + (r * group + g) * width, tile.position + r + 1);
-  for (int64_t start = 0, b = 0; start < width; start += block_size, ++b)
+  for (int64_t start = 0, b = 0; start < width; start += block_size, ++b) {
+    prefetch_next(v_cache, start, b);
     for (int64_t r = first_row(start); r < tile.rows; ++r)
       add_values_any(scores + r * group * width + start, width, block(v_cache, b), stride, keys_in(r, start),
                      acc + r * group * dim, group, dim);
+  }
   for (int64_t r = 0; r < tile.rows; ++r)
     for (int64_t i = 0; i < group * dim; ++i) out[r * query_stride + i] = static_cast<T>(acc[r * group * dim + i]);
 }
