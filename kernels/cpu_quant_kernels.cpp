@@ -107,10 +107,17 @@ inline __m256i nibbles32(const uint8_t* p, bool high) {  // 32 bytes -> their lo
 }
 #endif
 
-// QS: where a 4-bit type of one sub-block keeps its 16 bytes of nibbles (byte j: value j low, value j + 16
-// high); LOWEST: the unpacked value of nibble 0. The float path looks those types' values up (lookup16).
+// The 4-bit types say where sub-block sub's values 0-15 and 16-31 sit: nibbles(blk, sub, at, shift) gives
+// for each half the 16 bytes holding them, and 0 (low nibbles) or 4 (high); LOWEST: the unpacked value of
+// nibble 0. The AVX-512 float path looks those types' values up (lookup16).
+inline void both_halves(const uint8_t* bytes, const uint8_t* (&at)[2], int (&shift)[2]) {  // Q4_0, Q4_1
+  at[0] = at[1] = bytes;  // byte j holds value j (low nibble) and value j + 16 (high)
+  shift[0] = 0;
+  shift[1] = 4;
+}
+
 struct Q4_0 {
-  static constexpr int BLOCK = 32, BYTES = 18, SUBS = 1, QS = 2, LOWEST = -8;
+  static constexpr int BLOCK = 32, BYTES = 18, SUBS = 1, LOWEST = -8;
   static constexpr bool SIGNED = true, HAS_MIN = false;
   static void scales(const uint8_t* b, Scales<SUBS>& s) { both(s.sc[0], f16(b)); }
   static void unpack(const uint8_t* b, int, int8_t* w) {
@@ -119,13 +126,14 @@ struct Q4_0 {
       w[i + 16] = static_cast<int8_t>((b[2 + i] >> 4) - 8);
     }
   }
+  static void nibbles(const uint8_t* b, int, const uint8_t* (&at)[2], int (&shift)[2]) { both_halves(b + 2, at, shift); }
 #ifdef __AVX2__
   static __m256i unpack8(const uint8_t* b, int) { return _mm256_sub_epi8(nibbles16(b + 2), _mm256_set1_epi8(8)); }
 #endif
 };
 
 struct Q4_1 {
-  static constexpr int BLOCK = 32, BYTES = 20, SUBS = 1, QS = 4, LOWEST = 0;
+  static constexpr int BLOCK = 32, BYTES = 20, SUBS = 1, LOWEST = 0;
   static constexpr bool SIGNED = false, HAS_MIN = true;
   static void scales(const uint8_t* b, Scales<SUBS>& s) {
     both(s.sc[0], f16(b));
@@ -137,6 +145,7 @@ struct Q4_1 {
       w[i + 16] = static_cast<int8_t>(b[4 + i] >> 4);
     }
   }
+  static void nibbles(const uint8_t* b, int, const uint8_t* (&at)[2], int (&shift)[2]) { both_halves(b + 4, at, shift); }
 #ifdef __AVX2__
   static __m256i unpack8(const uint8_t* b, int) { return nibbles16(b + 4); }
 #endif
@@ -155,9 +164,15 @@ inline void k_scales(const uint8_t* b, Scales<8>& s) {
 }
 
 struct Q4_K {
-  static constexpr int BLOCK = 256, BYTES = 144, SUBS = 8;
+  static constexpr int BLOCK = 256, BYTES = 144, SUBS = 8, LOWEST = 0;
   static constexpr bool SIGNED = false, HAS_MIN = true;
   static void scales(const uint8_t* b, Scales<SUBS>& s) { k_scales(b, s); }
+  // sub-blocks 2j and 2j + 1 share 32 bytes: the low nibbles are 2j's values, the high ones 2j + 1's
+  static void nibbles(const uint8_t* b, int sub, const uint8_t* (&at)[2], int (&shift)[2]) {
+    at[0] = b + 16 + 32 * (sub / 2);
+    at[1] = at[0] + 16;
+    shift[0] = shift[1] = sub % 2 ? 4 : 0;
+  }
   static void unpack(const uint8_t* b, int sub, int8_t* w) {
     const uint8_t* qs = b + 16 + 32 * (sub / 2);
     for (int i = 0; i < QK; ++i) w[i] = static_cast<int8_t>(sub % 2 ? qs[i] >> 4 : qs[i] & 0x0F);
@@ -383,23 +398,28 @@ inline void dequant_sub16(const uint8_t* blk, int sub, const Scales<W::SUBS>& s,
 }
 
 template <class W, class = void>
-struct Nibbles : std::false_type {};  // a 4-bit type of one sub-block per block (it has W::QS)
+struct Nibbles : std::false_type {};  // a 4-bit type (it has W::LOWEST and W::nibbles)
 template <class W>
-struct Nibbles<W, std::void_t<decltype(W::QS)>> : std::true_type {};
+struct Nibbles<W, std::void_t<decltype(W::LOWEST)>> : std::true_type {};
 
-// dequant_sub16 for Nibbles types: the block's 16 possible values de-quantized once (scale * q, then + min:
-// the same operations on the same values, so the same bits), then looked up per nibble (vpermps reads the
-// low 4 bits of each index lane: a byte's low nibble as it is, its high one shifted down). Two lookups per
-// 32 values where dequant_sub16 converts, scales and shifts each value.
+// dequant_sub16 for Nibbles types: the sub-block's 16 possible values de-quantized once (scale * q, then
+// + min: the same operations on the same values, so the same bits), then looked up per nibble (vpermps
+// reads the low 4 bits of each index lane: a byte's low nibble as it is, its high one shifted down). Two
+// lookups per 32 values where dequant_sub16 converts, scales and shifts each value. One scale per
+// sub-block (s.sc[sub][0] == s.sc[sub][1] for these types).
 template <class W>
-inline void lookup16(const uint8_t* blk, const Scales<1>& s, __m512* w) {
+inline void lookup16(const uint8_t* blk, int sub, const Scales<W::SUBS>& s, __m512* w) {
   const __m512 q = _mm512_add_ps(_mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                                  _mm512_set1_ps(static_cast<float>(W::LOWEST)));  // exact: small integers
-  __m512 values = _mm512_mul_ps(_mm512_set1_ps(s.sc[0][0]), q);
-  if constexpr (W::HAS_MIN) values = _mm512_add_ps(values, _mm512_set1_ps(s.mterm[0]));
-  const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + W::QS)));
-  w[0] = _mm512_permutexvar_ps(bytes, values);
-  w[1] = _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), values);
+  __m512 values = _mm512_mul_ps(_mm512_set1_ps(s.sc[sub][0]), q);
+  if constexpr (W::HAS_MIN) values = _mm512_add_ps(values, _mm512_set1_ps(s.mterm[sub]));
+  const uint8_t* at[2];
+  int shift[2];
+  W::nibbles(blk, sub, at, shift);
+  for (int h = 0; h < 2; ++h) {
+    const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(at[h])));
+    w[h] = _mm512_permutexvar_ps(_mm512_srl_epi32(bytes, _mm_cvtsi32_si128(shift[h])), values);
+  }
 }
 
 // fdot_avx2 16 lanes wide: lanes 0-7 are its first accumulator (chunks 0 and 2 of each sub-block), lanes
@@ -416,7 +436,7 @@ void fdot_avx512(const uint8_t* wrow, int64_t blocks, const float* const* x, flo
     for (int sub = 0; sub < W::SUBS; ++sub) {
       __m512 w[2];
       if constexpr (Nibbles<W>::value)
-        lookup16<W>(blk, s, w);
+        lookup16<W>(blk, sub, s, w);
       else
         dequant_sub16<W>(blk, sub, s, w);
       const int64_t at = (b * W::SUBS + sub) * QK;
@@ -461,7 +481,7 @@ void dequant_row(const uint8_t* wrow, int64_t blocks, float* out) {
       if constexpr (WIDE) {
         __m512 w[2];
         if constexpr (Nibbles<W>::value)
-          lookup16<W>(blk, s, w);
+          lookup16<W>(blk, sub, s, w);
         else
           dequant_sub16<W>(blk, sub, s, w);
         for (int h = 0; h < 2; ++h) _mm512_storeu_ps(dst + 16 * h, w[h]);
