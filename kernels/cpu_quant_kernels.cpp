@@ -152,14 +152,24 @@ struct Q4_1 {
 };
 
 // Q4_K and Q5_K: super-blocks of 256 with float16 d and dmin, then 8 six-bit scales and mins in 12 bytes.
+// Sub-block j's scale is q[j] & 63 (j < 4) or (q[j + 4] & 15) | (q[j - 4] >> 6) << 4, its min q[j + 4] & 63 or
+// (q[j + 4] >> 4) | (q[j] >> 6) << 4: unpacked here four bytes at a time (as llama.cpp does), so that the
+// bytes of u[0..1] are the 8 scales and those of u[2..3] the 8 mins.
 inline void k_scales(const uint8_t* b, Scales<8>& s) {
   const float d = f16(b), dmin = f16(b + 2);
-  const uint8_t* q = b + 4;
+  constexpr uint32_t low6 = 0x3f3f3f3f, low4 = 0x0f0f0f0f, low2 = 0x03030303;
+  uint32_t u[4];
+  std::memcpy(u, b + 4, 12);
+  u[3] = ((u[2] >> 4) & low4) | (((u[1] >> 6) & low2) << 4);
+  const uint32_t first_mins = u[1] & low6;
+  u[1] = (u[2] & low4) | (((u[0] >> 6) & low2) << 4);
+  u[2] = first_mins;
+  u[0] &= low6;
+  uint8_t v[16];
+  std::memcpy(v, u, 16);
   for (int j = 0; j < 8; ++j) {
-    const int sc = j < 4 ? q[j] & 63 : (q[j + 4] & 0x0F) | ((q[j - 4] >> 6) << 4);
-    const int mn = j < 4 ? q[j + 4] & 63 : (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
-    both(s.sc[j], d * static_cast<float>(sc));
-    s.mterm[j] = -(dmin * static_cast<float>(mn));
+    both(s.sc[j], d * static_cast<float>(v[j]));
+    s.mterm[j] = -(dmin * static_cast<float>(v[8 + j]));
   }
 }
 
