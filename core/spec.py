@@ -75,7 +75,7 @@ class _Sampling(BaseModel):
     def _engine_accepts(self) -> Self:
         """The engine's own check (bounds and rules between fields), each problem under its field."""
         try:
-            SamplingParams(**self.engine_params())
+            SamplingParams(**self.engine_params(draw_seed=False))
         except ContractError as error:
             problems = [
                 InitErrorDetails(
@@ -88,12 +88,16 @@ class _Sampling(BaseModel):
             raise ValidationError.from_exception_data(type(self).__name__, problems) from None
         return self
 
-    def engine_params(self, model_defaults: dict[str, Any] | None = None) -> dict[str, Any]:
+    def engine_params(
+        self, model_defaults: dict[str, Any] | None = None, draw_seed: bool = True
+    ) -> dict[str, Any]:
         """The keyword arguments of the engine's ``SamplingParams``; with ``model_defaults`` (the model's
-        generation config), those replace the contract's defaults for what the request left out."""
+        generation config), those replace the contract's defaults for what the request left out.
+        ``draw_seed=False`` leaves an unset seed unset (a check that keeps nothing needs none: a seed is
+        a system call's random bits, a few percent of accepting a job)."""
         params = self.model_dump(include=set(sampling.hints()))
         params = sampling_defaults.with_model_defaults(params, self.model_fields_set, model_defaults or {})
-        if params.get("seed") is None:  # chosen now and stored with the job: every job can be replayed
+        if draw_seed and params.get("seed") is None:  # chosen now and stored with the job: replayable
             params["seed"] = sampling.new_seed()
         return params
 
