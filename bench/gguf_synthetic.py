@@ -129,8 +129,8 @@ def only(path: Path, kernel: str, tokens: int) -> None:
     llm = LLM(str(path), quantization="gguf", gguf_kernel=kernel, kv_cache_bytes=256 << 20)
     prompt = llm.chat_prompt([{"role": "user", "content": "Tell me about lighthouses."}])
     llm.generate([prompt], SamplingParams(max_tokens=4, temperature=0))  # warm-up
-    times = llm.generate([prompt], SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True))[0]
-    stamps = times.metrics.token_times
+    out = llm.generate([prompt], SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True))[0]
+    stamps = out.metrics.token_times
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(json.dumps([(tokens - 1) / (stamps[-1] - stamps[0]), rss]))
 

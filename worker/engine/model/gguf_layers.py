@@ -71,19 +71,24 @@ class FusedGGUFLayer:
     allows: the C++ kernels on this device, and every sequence attending in place. ``DecoderLayer``
     asks ``fits`` first, and runs its own modules one by one where not."""
 
-    def __init__(self, layer: DecoderLayer, config: ModelConfig) -> None:
-        attn, mlp = layer.self_attn, layer.mlp
-        linears = [attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj]
-        if not all(isinstance(linear, GGUFLinear) and linear.quantized for linear in linears):
-            raise ValueError("a fused layer needs every linear quantized")
+    def __init__(self, layer: DecoderLayer, linears: list[GGUFLinear], config: ModelConfig) -> None:
+        attn = layer.self_attn
         self.linears = [([p.data for p in linear.parts], linear.ggml_types) for linear in linears]
         self.norms = (layer.input_layernorm.weight, layer.post_attention_layernorm.weight)
         self.eps, self.scale, self.qkv_bias = config.rms_norm_eps, attn.scale, attn.qkv_proj.bias
         self.float_x, self.heads = not attn.qkv_proj.int8, (config.num_heads, config.num_kv_heads)
 
+    @classmethod
+    def of(cls, layer: DecoderLayer, config: ModelConfig) -> "FusedGGUFLayer | None":
+        """``layer`` fused, or None where one of its linears is not quantized (a float part)."""
+        attn, mlp = layer.self_attn, layer.mlp
+        linears = [attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj]
+        if not all(isinstance(linear, GGUFLinear) and linear.quantized for linear in linears):
+            return None
+        return cls(layer, linears, config)
+
     def fits(self, x: torch.Tensor, meta: AttentionMetadata) -> bool:
-        small = x.shape[0] <= MLP_CHUNK_TOKENS and x.dtype == torch.float32
-        return small and fuses_gguf_layers(x.device, meta)
+        return x.shape[0] <= MLP_CHUNK_TOKENS and fuses_gguf_layers(x.device, meta)
 
     def __call__(
         self,

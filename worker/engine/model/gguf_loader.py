@@ -112,8 +112,7 @@ class Weights:
         mlp.down_proj = self.linear([self.get(f"{blk}.ffn_down.weight", (hidden, inter))])
         layer.input_layernorm.weight = self.norm(f"{blk}.attn_norm.weight")
         layer.post_attention_layernorm.weight = self.norm(f"{blk}.ffn_norm.weight")
-        if all(linear.quantized for linear in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)):
-            layer.fused = FusedGGUFLayer(layer, c)
+        layer.fused = FusedGGUFLayer.of(layer, c)
 
     def linear(self, parts: list[GGUFTensor], bias: torch.Tensor | None = None) -> GGUFLinear:
         return GGUFLinear(parts, bias, self.int8)
