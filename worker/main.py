@@ -20,7 +20,7 @@ from celery.worker import WorkController
 
 from contract.engine import EngineConfig
 from core.purge import Purger
-from core.queue import PROBE_QUEUE_TASK, RUN_JOB_TASK, make_celery, publish_job, publish_probe, queue_name
+from core.queue import PROBE_QUEUE_TASK, RUN_JOB_TASK, make_celery, publish_jobs, publish_probe, queue_name
 from core.served_models import ModelEntry, default_model, model_named
 from core.settings import Settings
 from core.streams import stream_dropper, streams_url
@@ -119,7 +119,7 @@ def serve(
     app = make_celery(settings)
 
     def publish(job_id: str, priority: int) -> None:
-        publish_job(app, job_id, queue, priority)
+        publish_jobs(app, [job_id], queue, priority)
 
     outbox = Outbox(settings, app)  # job ends become webhook deliveries, published by the flusher thread
     connections = WorkerConnections.connect(settings)
