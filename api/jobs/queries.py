@@ -52,7 +52,7 @@ async def submit(
         await run_in_threadpool(service.limiter.request, caller)
     encoder = await service.models.loaded_encoder(entry.name)
     try:
-        token_ids = await encoder.run(encoder.encode, spec)
+        token_ids = await encoder.encode_soon(spec)
     except PromptError as error:
         kind = "context_length_exceeded" if isinstance(error, ContextExceeded) else "invalid_prompt"
         raise Invalid(("body", error.field), str(error), kind) from error
