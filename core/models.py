@@ -3,6 +3,7 @@
 import os
 import time
 from datetime import UTC, datetime, timedelta
+from functools import cache
 from typing import Any
 
 from sqlalchemy import (
@@ -248,6 +249,19 @@ class Job(Base):
         {"postgresql_with": {"fillfactor": 50}},
     )
 
+    def insertable(self) -> dict[str, Any]:
+        """Every column of this new job by attribute, its Python-side defaults applied to it first: what
+        ``insert(Job)`` takes for many jobs at once without the unit of work (~200 µs of CPU a job less;
+        the object stays transient, and its readers see the id and defaults it was written with)."""
+        values = {}
+        for key, default in _column_defaults():
+            value = getattr(self, key)
+            if value is None and default is not None:
+                value = default.arg(None) if default.is_callable else default.arg
+                setattr(self, key, value)
+            values[key] = value
+        return values
+
     @property
     def token_times_ms(self) -> list[float]:
         """When each generated token (of the first choice) was produced, in ms since started_at."""
@@ -407,3 +421,9 @@ class WebhookDelivery(Base):
         Index("ix_webhook_deliveries_batch_id", "batch_id"),
         Index("ix_webhook_deliveries_status_next", "status", "next_attempt_at"),
     )
+
+
+@cache
+def _column_defaults() -> tuple[tuple[str, Any], ...]:
+    """Each column attribute of ``Job`` with its Python-side default (None: none)."""
+    return tuple((prop.key, prop.columns[0].default) for prop in Job.__mapper__.column_attrs)

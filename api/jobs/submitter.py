@@ -17,6 +17,7 @@ from collections import defaultdict
 from typing import NamedTuple
 
 from celery import Celery
+from sqlalchemy import insert
 from sqlalchemy.exc import DataError, IntegrityError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
@@ -86,7 +87,8 @@ class Submitter:
         with self._sessions() as session:
             refused = admit(session, [m.caller for m in members])
             jobs = [m.job for i, m in enumerate(members) if i not in refused]
-            session.add_all(jobs)
+            if jobs:
+                session.execute(insert(Job), [job.insertable() for job in jobs])
             session.commit()
         self.publish(jobs)
         return refused
