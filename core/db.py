@@ -22,7 +22,10 @@ def make_db_engine(settings: Settings, connections: int | None = None) -> Engine
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
     pool = sized or {"pool_size": 10, "max_overflow": 20}
-    return create_engine(url, pool_pre_ping=True, hide_parameters=True, **pool)
+    # Last in, first out: the connection used last is taken again, so its prepared statements (psycopg
+    # prepares a statement on its fifth run on a connection) serve the next use. Round robin spread a
+    # worker's picks over its connections: a lone job's claim planned its pick afresh (~2 ms, not 0.35).
+    return create_engine(url, pool_pre_ping=True, pool_use_lifo=True, hide_parameters=True, **pool)
 
 
 def _sqlite_pragmas(connection: Any, _record: Any) -> None:
@@ -35,4 +38,7 @@ def _sqlite_pragmas(connection: Any, _record: Any) -> None:
 
 
 def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
+    """Sessions whose objects outlive the commit. A worker's reads, too, go through ``begin()`` (they end in
+    COMMIT): a ROLLBACK makes psycopg drop every statement it prepared on the connection, and the claim's
+    pick, run unprepared, cost ~1 ms of parsing and planning in PostgreSQL each time."""
     return sessionmaker(engine, expire_on_commit=False)

@@ -30,7 +30,7 @@ class Purger:
     def purge(self, now: datetime | None = None) -> dict[str, int]:
         """Everything due at ``now``: lone jobs, batches (with their jobs and files), lone files."""
         now = now or utcnow()
-        with self.sessions() as session:
+        with self.sessions.begin() as session:
             batch_ids = list(session.scalars(select(Batch.id).where(batch_due(now))))
         counts = {
             "jobs": self.jobs(select(Job.id).where(job_due(now))),
@@ -84,5 +84,5 @@ class Purger:
         return deleted
 
     def _next(self, ids: Select[tuple[str]]) -> list[str]:
-        with self.sessions() as session:
+        with self.sessions.begin() as session:
             return list(session.scalars(ids))

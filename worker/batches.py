@@ -52,7 +52,7 @@ class BatchKeeper:
 
     def _any_open(self) -> bool:
         """Whether a batch runs or finalizes: with none (most rounds) one query instead of three."""
-        with self.sessions() as session:
+        with self.sessions.begin() as session:
             return session.scalar(select(Batch.id).where(Batch.status.in_(OPEN_BATCH)).limit(1)) is not None
 
     def expire(self) -> None:
@@ -94,7 +94,7 @@ class BatchKeeper:
         """Running batches with no unfinished job left, and finalizations presumed dead."""
         unfinished = select(Job.id).where(Job.batch_id == Batch.id, Job.status.in_(UNFINISHED_JOB)).exists()
         query = select(Batch.id).where(or_(and_(Batch.status.in_(RUNNING_BATCH), ~unfinished), self._stale()))
-        with self.sessions() as session:
+        with self.sessions.begin() as session:
             return list(session.scalars(query.order_by(Batch.id)))
 
     def _stale(self) -> ColumnElement[bool]:

@@ -271,7 +271,7 @@ class JobStore:
         worker's row, whose published keys are not another's)."""
         if self.fair_aging is None:
             return job_id
-        with self.sessions() as session, self._picks:
+        with self.sessions.begin() as session, self._picks:
             return self._pick(session, skip, worker_id)
 
     def take(
@@ -462,7 +462,7 @@ class JobStore:
         return self._record_events(session, list(failed))
 
     def cancel_requested(self, job_ids: list[str]) -> set[str]:
-        with self.sessions() as session:
+        with self.sessions.begin() as session:
             query = select(Job.id).where(Job.id.in_(job_ids), Job.cancel_requested.is_(True))
             return set(session.scalars(query))
 
@@ -506,7 +506,7 @@ class JobStore:
         known = select(Worker.id, Worker.process).where(
             Worker.model == self.model, Worker.process.is_not(None)
         )
-        with self.sessions() as session:
+        with self.sessions.begin() as session:
             dead = [worker for worker, process in session.execute(known) if proven_dead(process)]
         if dead:
             logger.warning("workers proven dead on this host", extra={"workers": dead})
@@ -540,7 +540,7 @@ class JobStore:
 
     def waiting_priorities(self, published_before: datetime) -> set[int]:
         """The priorities of queued jobs last published before ``published_before``."""
-        with self.sessions() as session:
+        with self.sessions.begin() as session:
             query = select(Job.priority).where(*waiting_since(self.model, published_before)).distinct()
             return set(session.scalars(query))
 

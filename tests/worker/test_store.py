@@ -342,3 +342,22 @@ def test_a_bad_statement_on_sqlite_is_a_bug_and_a_busy_file_an_outage(tmp_path) 
         holder.rollback()
     assert database_away(busy.value)
     engine.dispose()
+
+
+def test_the_pick_stays_prepared_across_claims_and_the_workers_reads(service_settings: Settings) -> None:
+    """A ROLLBACK makes psycopg drop what it prepared on the connection: the worker's reads end in COMMIT
+    and its pool hands back the connection used last, so after a few claims the pick runs prepared, not
+    parsed and planned afresh each time (core/db.py)."""
+    engine = make_db_engine(service_settings, connections=2)
+    store = JobStore(make_sessionmaker(engine), "tiny", fair_aging=60.0)
+    try:
+        for _ in range(8):  # psycopg prepares a statement on its fifth run on a connection
+            picked, claimed = store.take(add_job(store), set, "w1", lambda _: True)
+            assert claimed is not None and claimed.id == picked
+            store.cancel_requested([picked])  # the flusher's and the reconciler's reads between claims
+            store.waiting_priorities(utcnow())
+        with engine.connect() as connection:
+            prepared = connection.execute(text("SELECT statement FROM pg_prepared_statements")).scalars()
+            assert any("fair_groups" in statement for statement in prepared)
+    finally:
+        engine.dispose()
