@@ -1,5 +1,6 @@
-"""Where a job's prompt is tokenized: a short one on the event loop, the rest in the encoder's thread, and
-never on the loop while another thread holds the tokenizer (``PromptEncoder.encode_soon``)."""
+"""Where a job's prompt is tokenized: a short one on the event loop, the rest in the encoder's thread
+(``PromptEncoder.encode_soon``; never on the loop while another thread holds the tokenizer: the test of
+that is test_hostile_input's, through the API)."""
 
 import asyncio
 import threading
@@ -42,29 +43,3 @@ def test_a_short_prompt_is_tokenized_on_the_loop_and_a_long_one_in_the_encoders_
     assert encoder.encoding_threads == [loop_thread, encoder.encoding_threads[1]]  # type: ignore[attr-defined]
     assert encoder.encoding_threads[1].startswith("tokenize")  # type: ignore[attr-defined]
     assert short == encoder.tokenizer.encode(SHORT.prompt) and len(long) > INLINE_CHARS // 4
-
-
-def test_the_loop_never_waits_for_a_tokenizer_another_thread_holds(encoder: PromptEncoder) -> None:
-    held, release = threading.Event(), threading.Event()
-
-    def hold() -> None:
-        with encoder._lock:
-            held.set()
-            release.wait(timeout=10)  # the test's end releases it; a loop blocked here fails, not hangs
-
-    holder = threading.Thread(target=hold)
-    holder.start()
-    assert held.wait(timeout=10)
-
-    async def submit_while_held() -> tuple[bool, list[int]]:
-        task = asyncio.create_task(encoder.encode_soon(SHORT))
-        done, _ = await asyncio.wait({task}, timeout=0.2)  # the loop goes on meanwhile
-        release.set()
-        return bool(done), await task
-
-    finished_while_held, ids = asyncio.run(submit_while_held())
-    holder.join()
-
-    assert not finished_while_held  # it waited in the encoder's thread, not on the loop
-    assert encoder.encoding_threads[0].startswith("tokenize")  # type: ignore[attr-defined]
-    assert ids == encoder.tokenizer.encode(SHORT.prompt)
