@@ -1,6 +1,6 @@
 """A batch's jobs are published after the response, from one background thread.
 
-Publishing costs about 0.15 ms a message even through Redis pipelines (Celery builds each one), so a
+Publishing costs about 0.1 ms a message even through Redis pipelines (Celery builds each one), so a
 50,000-line batch would spend seconds in its request; its rows are already committed, which is all a
 client needs to be told. Should the API stop mid-batch, the workers' reconciler republishes the queued
 jobs that have no message (``PAGEDQ_REQUEUE_AFTER``), as for any lost publish.
