@@ -43,6 +43,7 @@ ENCODE_CHUNK = 2048  # texts per batch encode: the lock is released between chun
 # A prompt of at most this many characters is tokenized on the event loop: handing it to the encoder's
 # thread and back costs ~100-150 µs of CPU, tokenizing a short prompt ~25 µs (a short chat's template ~200).
 INLINE_CHARS = 2000
+MESSAGE_CHARS = 100  # what a chat message counts for besides its content: the template renders each one
 # Pre-tokenizers that drop characters (whitespace, delimiters): under them a token may stand for any length.
 DROPPING = frozenset({"Whitespace", "WhitespaceSplit", "BertPreTokenizer", "CharDelimiterSplit"})
 
@@ -218,4 +219,6 @@ class PromptEncoder:
 
 
 def _chars(spec: JobSpec) -> int:
-    return len(spec.prompt or "") + sum(len(message.content) for message in spec.messages or ())
+    """The prompt's size against ``INLINE_CHARS``: a chat of many empty messages is no quick render."""
+    messages = spec.messages or ()
+    return len(spec.prompt or "") + sum(len(message.content) + MESSAGE_CHARS for message in messages)

@@ -9,12 +9,17 @@ from pathlib import Path
 
 import pytest
 
-from api.prompts.encoder import INLINE_CHARS, PromptEncoder
+from api.prompts.encoder import INLINE_CHARS, MESSAGE_CHARS, PromptEncoder
 from contract.engine import EngineConfig
 from core.spec import JobSpec
 
 SHORT = JobSpec(prompt="The quick brown fox jumps over the lazy dog.", max_tokens=4)
 LONG = JobSpec(prompt="fox " * (INLINE_CHARS // 4 + 1), max_tokens=4)
+# Short text, but many messages for the template to render: not on the loop either.
+TURNS = [
+    {"role": ("user", "assistant")[i % 2], "content": "hi"} for i in range(INLINE_CHARS // MESSAGE_CHARS + 1)
+]
+MANY = JobSpec(messages=TURNS, max_tokens=4)
 
 
 @pytest.fixture
@@ -34,12 +39,14 @@ def encoder(tiny_llama: Path) -> Iterator[PromptEncoder]:
     encoder.close()
 
 
-def test_a_short_prompt_is_tokenized_on_the_loop_and_a_long_one_in_the_encoders_thread(
+def test_a_short_prompt_is_tokenized_on_the_loop_a_long_one_or_a_long_chat_in_the_encoders_thread(
     encoder: PromptEncoder,
 ) -> None:
     short, long = asyncio.run(encoder.encode_soon(SHORT)), asyncio.run(encoder.encode_soon(LONG))
+    many = asyncio.run(encoder.encode_soon(MANY))
 
     loop_thread = threading.current_thread().name  # asyncio.run's loop runs here
-    assert encoder.encoding_threads == [loop_thread, encoder.encoding_threads[1]]  # type: ignore[attr-defined]
-    assert encoder.encoding_threads[1].startswith("tokenize")  # type: ignore[attr-defined]
-    assert short == encoder.tokenizer.encode(SHORT.prompt) and len(long) > INLINE_CHARS // 4
+    first, *others = encoder.encoding_threads  # type: ignore[attr-defined]
+    assert first == loop_thread and len(others) == 2
+    assert all(thread.startswith("tokenize") for thread in others)
+    assert short == encoder.tokenizer.encode(SHORT.prompt) and len(long) > INLINE_CHARS // 4 and many
