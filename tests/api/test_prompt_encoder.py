@@ -23,8 +23,8 @@ MANY = JobSpec(messages=TURNS, max_tokens=4)
 
 
 @pytest.fixture
-def encoder(tiny_llama: Path) -> Iterator[PromptEncoder]:
-    """An encoder whose ``encoding_threads`` lists the thread of each ``encode``."""
+def encoder(tiny_llama: Path) -> Iterator[tuple[PromptEncoder, list[str]]]:
+    """An encoder, and the thread of each of its ``encode`` calls."""
     encoder = PromptEncoder(tiny_llama, EngineConfig(max_model_len=4096))
     threads: list[str] = []
     encode = encoder.encode
@@ -34,19 +34,19 @@ def encoder(tiny_llama: Path) -> Iterator[PromptEncoder]:
         return encode(spec)
 
     encoder.encode = recorded  # type: ignore[method-assign]
-    encoder.encoding_threads = threads  # type: ignore[attr-defined]
-    yield encoder
+    yield encoder, threads
     encoder.close()
 
 
 def test_a_short_prompt_is_tokenized_on_the_loop_a_long_one_or_a_long_chat_in_the_encoders_thread(
-    encoder: PromptEncoder,
+    encoder: tuple[PromptEncoder, list[str]],
 ) -> None:
-    short, long = asyncio.run(encoder.encode_soon(SHORT)), asyncio.run(encoder.encode_soon(LONG))
-    many = asyncio.run(encoder.encode_soon(MANY))
+    prompts, threads = encoder
+    short, long = asyncio.run(prompts.encode_soon(SHORT)), asyncio.run(prompts.encode_soon(LONG))
+    many = asyncio.run(prompts.encode_soon(MANY))
 
     loop_thread = threading.current_thread().name  # asyncio.run's loop runs here
-    first, *others = encoder.encoding_threads  # type: ignore[attr-defined]
+    first, *others = threads
     assert first == loop_thread and len(others) == 2
     assert all(thread.startswith("tokenize") for thread in others)
-    assert short == encoder.tokenizer.encode(SHORT.prompt) and len(long) > INLINE_CHARS // 4 and many
+    assert short == prompts.tokenizer.encode(SHORT.prompt) and len(long) > INLINE_CHARS // 4 and many
