@@ -18,6 +18,7 @@ from sqlalchemy import (
     CompoundSelect,
     Connection,
     String,
+    Update,
     and_,
     bindparam,
     case,
@@ -36,6 +37,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from core.choices import TokenLogprob
+from core.db import autocommitting
 from core.models import FRESH_RESULTS, Job, JSONType, TokenTimes, Worker, storable, utcnow
 from core.states import JobStatus
 from core.timings import joined
@@ -79,6 +81,12 @@ class ClaimedJob:
     in_batch: bool  # a batch's jobs are not streamed live: their output is read from the files
     resume: Resume | None = None  # None: it starts from its first token
     prefix_key: int | None = None  # contract/prefix.py
+
+
+def _claimed(job_id: str, row: Row[Any], resume: Resume | None = None) -> ClaimedJob:
+    """The job a claim's UPDATE returned (``CLAIM``'s first six columns)."""
+    attempt, prompt, params, priority, in_batch, prefix_key = row[:6]
+    return ClaimedJob(job_id, attempt, prompt, params, priority, in_batch, resume, prefix_key)
 
 
 def resumable(params: dict[str, Any]) -> bool:
@@ -271,8 +279,8 @@ class JobStore:
         worker's row, whose published keys are not another's)."""
         if self.fair_aging is None:
             return job_id
-        with self.sessions.begin() as session, self._picks:
-            return self._pick(session, skip, worker_id)
+        with self.sessions() as session, self._picks:
+            return self._pick(autocommitting(session), skip, worker_id)
 
     def take(
         self,
@@ -281,21 +289,27 @@ class JobStore:
         worker_id: str,
         reserve: Callable[[str], bool],
     ) -> tuple[str | None, ClaimedJob | None]:
-        """``pick`` (passing over what ``passed_over`` says as the pick starts) and ``claim`` in one
-        transaction (a claim's round trips are its cost, not its rows): returns the job picked, and the job
+        """``pick`` (passing over what ``passed_over`` says as the pick starts) and ``claim`` on one
+        connection (a claim's round trips are its cost, not its rows): returns the job picked, and the job
         claimed once ``reserve`` (the caller's mark that it is being claimed here) accepted the pick; None
         when it did not, or when the job was not queued any more. The pick and its mark are made one at a
-        time; the claims go on side by side."""
-        with self.sessions.begin() as session:
+        time; the claims go on side by side. The pick only reads, and a job's first run is claimed by one
+        UPDATE, so both run in autocommit (no BEGIN or COMMIT round trip); a later run, which finds what it
+        resumes, is claimed in a transaction."""
+        with self.sessions() as session:
             with self._picks:
-                picked = job_id if self.fair_aging is None else self._pick(session, passed_over(), worker_id)
+                picked = job_id  # without fair share, the claim is the first to reach the database
+                if self.fair:
+                    picked = self._pick(autocommitting(session), passed_over(), worker_id)
                 if picked is None or not reserve(picked):
                     return picked, None
-            return picked, self._claim(session, picked, worker_id, retry=False)
+            first_run = self._claim_statement(picked, worker_id, retry=False, first=True)
+            if (row := autocommitting(session).execute(first_run).one_or_none()) is not None:
+                return picked, _claimed(picked, row)
+        return picked, self.claim(picked, worker_id)  # a later run, or not queued any more
 
-    def _pick(self, session: Session, skip: set[str], worker_id: str) -> str | None:
+    def _pick(self, connection: Connection, skip: set[str], worker_id: str) -> str | None:
         assert self.fair_aging is not None
-        connection = session.connection()
         dialect = connection.dialect.name
         statement = fairest(self.model, self.fair_aging, dialect)
         best = connection.execute(statement, skipping(skip)).one_or_none()
@@ -321,27 +335,31 @@ class JobStore:
     def _claim(self, session: Session, job_id: str, worker_id: str, retry: bool) -> ClaimedJob | None:
         """A job's first run (attempt 0 before: nothing to resume, its results still fresh) is one
         UPDATE, its ``runs`` written there; a later run then finds what it resumes, and records it."""
+        row = session.connection().execute(self._claim_statement(job_id, worker_id, retry)).one_or_none()
+        if row is None:
+            return None
+        attempt, params, (*kept, runs) = row[0], row[2], row[6:]
+        if attempt == 1:
+            return _claimed(job_id, row)
+        resume = resumed_run(session, job_id, attempt, params, dict(zip(KEPT_ON_CLAIM, kept, strict=True)))
+        start = {"attempt": attempt, "resumed_from_token": len(resume.token_ids) if resume else 0}
+        restart = {} if resume else {key: FRESH_RESULTS[key] for key in KEPT_ON_CLAIM}
+        appended = JOBS.update().where(JOBS.c.id == job_id).values(runs=[*(runs or []), start], **restart)
+        session.execute(appended)
+        return _claimed(job_id, row, resume)
+
+    def _claim_statement(self, job_id: str, worker_id: str, retry: bool, first: bool = False) -> Update:
+        """The claim's UPDATE of ``job_id``: a queued job not asked to cancel (``retry``: or a run of this
+        worker's); ``first``: only for its first run."""
         claimable = JOBS.c.status == JobStatus.QUEUED
         if retry:
             claimable = or_(
                 claimable, and_(JOBS.c.status == JobStatus.RUNNING, JOBS.c.worker_id == worker_id)
             )
-        statement = CLAIM.where(JOBS.c.id == job_id, claimable, JOBS.c.cancel_requested.is_(False))
-        values = {"worker_id": worker_id, "served_by": self.served_by}
-        row = session.connection().execute(statement.values(**values)).one_or_none()
-        if row is None:
-            return None
-        attempt, prompt, params, priority, in_batch, prefix_key, *kept, runs = row
-        resume = None
-        if attempt > 1:
-            resume = resumed_run(
-                session, job_id, attempt, params, dict(zip(KEPT_ON_CLAIM, kept, strict=True))
-            )
-            start = {"attempt": attempt, "resumed_from_token": len(resume.token_ids) if resume else 0}
-            restart = {} if resume else {key: FRESH_RESULTS[key] for key in KEPT_ON_CLAIM}
-            appended = JOBS.update().where(JOBS.c.id == job_id).values(runs=[*(runs or []), start], **restart)
-            session.execute(appended)
-        return ClaimedJob(job_id, attempt, prompt, params, priority, in_batch, resume, prefix_key)
+        where = [JOBS.c.id == job_id, claimable, JOBS.c.cancel_requested.is_(False)]
+        if first:
+            where.append(JOBS.c.attempt == 0)
+        return CLAIM.where(*where).values(worker_id=worker_id, served_by=self.served_by)
 
     def write(self, progress: list[Progress]) -> set[str]:
         """Write progress (and results) of the runs this worker owns; returns the ids it no longer owns.

@@ -361,3 +361,28 @@ def test_the_pick_stays_prepared_across_claims_and_the_workers_reads(service_set
             assert any("fair_groups" in statement for statement in prepared)
     finally:
         engine.dispose()
+
+
+def test_take_claims_a_first_run_without_a_transaction_and_a_later_run_with_what_it_resumes(
+    store: JobStore,
+) -> None:
+    """A first run is claimed by one UPDATE in autocommit (no BEGIN and COMMIT round trips before its first
+    token); a requeued run in a transaction that also hands it the earlier run's flushed tokens."""
+    job_id = add_job(store)
+    commits: list[object] = []
+    event.listen(store.sessions.kw["bind"], "commit", commits.append)
+    picked, first = store.take(job_id, set, "w1", lambda _: True)
+    assert picked == job_id and first is not None and (first.attempt, first.resume) == (1, None)
+    assert commits == []
+    assert store.take(job_id, set, "w2", lambda _: True) == (job_id, None)  # running: not claimable
+    flushed = Progress(job_id, 1, "ab", 2, token_times_ms=[1.0, 2.0], token_ids=[5, 6], started_at=utcnow())
+    store.write([flushed])
+    assert store.requeue(job_id, 1) == 0
+    commits.clear()
+    _, again = store.take(job_id, set, "w3", lambda _: True)
+    assert again is not None and again.attempt == 2 and again.resume is not None
+    assert (again.resume.token_ids, again.resume.text) == ([5, 6], "ab")
+    assert len(commits) == 1
+    job = get(store, job_id)
+    assert (job.worker_id, job.status) == ("w3", JobStatus.RUNNING)
+    assert job.runs == [{"attempt": 1, "resumed_from_token": 0}, {"attempt": 2, "resumed_from_token": 2}]
