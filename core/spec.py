@@ -68,12 +68,23 @@ def _storable(hint: Any) -> Any:
     return hint
 
 
+# Sampling settings the engine's check accepted, by the repr of their values: a batch's lines mostly
+# repeat one, and checking each line's was a fifth of the batch-checking processes' CPU. A repr tells
+# 1 from 1.0 and True; a long one (a big JSON schema) is checked each time rather than kept.
+ACCEPTED_SETTINGS, ACCEPTED_REPR_CHARS = 4096, 2000
+_accepted: set[str] = set()
+
+
 class _Sampling(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     @model_validator(mode="after")
     def _engine_accepts(self) -> Self:
-        """The engine's own check (bounds and rules between fields), each problem under its field."""
+        """The engine's own check (bounds and rules between fields), each problem under its field; once
+        per distinct setting (the check depends on the values alone)."""
+        settings = repr([self.__dict__[name] for name in sampling.hints()])
+        if settings in _accepted:
+            return self
         try:
             SamplingParams(**self.engine_params(draw_seed=False))
         except ContractError as error:
@@ -86,6 +97,10 @@ class _Sampling(BaseModel):
                 for problem in error.problems
             ]
             raise ValidationError.from_exception_data(type(self).__name__, problems) from None
+        if len(settings) <= ACCEPTED_REPR_CHARS:
+            if len(_accepted) >= ACCEPTED_SETTINGS:
+                _accepted.clear()
+            _accepted.add(settings)
         return self
 
     def engine_params(

@@ -267,3 +267,31 @@ def test_model_defaults_fill_only_what_a_request_left_out() -> None:
     assert (beams["temperature"], beams["top_p"]) == (0.0, 1.0)
     with pytest.raises(ContractError, match="top_p"):
         model_defaults({"top_p": 1.5})
+
+
+def test_repeated_settings_are_checked_by_the_engine_once_and_each_new_one_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A batch's lines mostly repeat one sampling setting: the engine's check runs once for it, and a
+    setting that differs in any value is checked on its own."""
+    import core.spec
+
+    checked: list[dict[str, Any]] = []
+
+    def counted(**params: Any) -> SamplingParams:
+        checked.append(params)
+        return SamplingParams(**params)
+
+    monkeypatch.setattr(core.spec, "SamplingParams", counted)
+    monkeypatch.setattr(core.spec, "_accepted", set())
+    body = {"prompt": "x", "max_tokens": 4, "min_tokens": 2}
+    for _ in range(3):
+        JobSpec.model_validate(body)
+    assert len(checked) == 1
+    for refused in ({"min_tokens": 5}, {"max_tokens": 1}):  # the rules between values are the engine's
+        with pytest.raises(ValidationError, match="min_tokens"):
+            JobSpec.model_validate(body | refused)
+    JobSpec.model_validate(body | {"temperature": 0.5})
+    JobSpec.model_validate(body | {"temperature": 0.5, "stop": ["."]})
+    JobSpec.model_validate(body | {"temperature": 0.5})
+    assert len(checked) == 5
