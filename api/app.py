@@ -1,6 +1,5 @@
 """The API's entry point: ``create_app`` builds the FastAPI app for the served models."""
 
-import gc
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -34,6 +33,7 @@ from api.usage import router as usage
 from api.webhooks import router as webhooks
 from core import keys
 from core.db import make_db_engine, make_sessionmaker
+from core.heap import freeze_startup_heap
 from core.purge import Purger
 from core.queue import make_celery
 from core.settings import Settings
@@ -88,14 +88,6 @@ def create_app(settings: Settings, locate: Locate = source_dir) -> FastAPI:
     app.add_middleware(BodyLimit, settings=settings)
     install_error_handlers(app)
     return app
-
-
-def freeze_startup_heap() -> None:
-    """Move what startup made (the tokenizer, torch, every module: millions of objects) out of the garbage
-    collector's reach. A full collection stops every thread, the event loop's too, for as long as it walks
-    the heap: with this heap, 0.3-0.5 s, and a big batch's accept set off several."""
-    gc.collect()
-    gc.freeze()
 
 
 def build_service(settings: Settings, locate: Locate) -> Service:

@@ -19,6 +19,7 @@ from celery.signals import worker_init, worker_ready, worker_shutting_down
 from celery.worker import WorkController
 
 from contract.engine import EngineConfig
+from core.heap import freeze_startup_heap
 from core.purge import Purger
 from core.queue import PROBE_QUEUE_TASK, RUN_JOB_TASK, make_celery, publish_jobs, publish_probe, queue_name
 from core.served_models import ModelEntry, default_model, model_named
@@ -259,6 +260,7 @@ def handle_signals(
         signal.raise_signal(signal.SIGTERM)
 
     def ready(**_: object) -> None:
+        freeze_startup_heap()  # a full collection of torch's heap would stall the engine's steps
         announced = facts | engine_facts(host.loop.engine)
         logger.info("worker ready", extra=announced)
         # Ctrl-C is ours, not Celery's: Celery takes a second one for a cold shutdown, which its threads
