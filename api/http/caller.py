@@ -47,11 +47,6 @@ class Caller:
     limits: Limits | None = None  # None: no limits (auth off, or an admin key)
     name: str = ""
 
-    @property
-    def counted(self) -> bool:
-        """Whether each submission counts its key's active jobs (``api/http/limits.admit``)."""
-        return self.limits is not None and self.key_id is not None
-
     def owns(self, owner: ColumnElement[str | None]) -> ColumnElement[bool]:
         """The rows this caller may see: an admin every row, a user key those it created."""
         return true() if self.admin else owner == self.key_id

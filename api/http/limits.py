@@ -145,7 +145,9 @@ def admit(session: Session, callers: list[Caller]) -> dict[int, TooMany]:
     """Before a transaction inserts one job for each of ``callers``: holds their keys that have a
     max_active_jobs and counts each one's active jobs once; the jobs (by index) that would take their
     key past its limit, each with its refusal."""
-    limited = [(i, caller, caller.key_id) for i, caller in enumerate(callers) if caller.counted]
+    limited = [
+        (i, caller, caller.key_id) for i, caller in enumerate(callers) if caller.limits and caller.key_id
+    ]
     hold_keys(session, [key_id for _, _, key_id in limited])
     counts = {key_id: active_jobs(session, key_id) for key_id in {key_id for _, _, key_id in limited}}
     refused = {}

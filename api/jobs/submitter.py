@@ -2,12 +2,10 @@
 
 Under load the API's cost per job is dominated by a transaction per request; here one drain task
 commits whatever has queued up while the previous batch was being written, then publishes each id. An
-idle API still commits a lone job at once, as one INSERT in autocommit: a streamed job's first token
-waits for it, and it needs no BEGIN or COMMIT round trip. The batch's messages go out in one broker
-round trip. A job is answered only after its row is committed and its message is published (or its
-publish failed, which the worker's reconciler repairs). If a shared write fails, its jobs are written
-again one by one, so one job the database refuses fails alone (a 422 when it is the job's values, else
-the fault as it is).
+idle API still commits a lone job at once. The batch's messages go out in one broker round trip. A job
+is answered only after its row is committed and its message is published (or its publish failed, which
+the worker's reconciler repairs). If a shared write fails, its jobs are written again one by one, so
+one job the database refuses fails alone (a 422 when it is the job's values, else the fault as it is).
 
 The write holds the keys of its jobs that have a ``max_active_jobs`` and counts their active jobs in
 the same transaction (``api/limits.py``): a job past its key's limit is refused (429) and not written.
@@ -27,7 +25,6 @@ from starlette.concurrency import run_in_threadpool
 from api.http.caller import OPEN, Caller
 from api.http.limits import admit
 from api.http.problems import Invalid, TooMany
-from core.db import autocommitting
 from core.models import Job
 from core.queue import publish_jobs, queue_name
 from core.spec import escaped
@@ -87,12 +84,6 @@ class Submitter:
 
     def _write(self, members: list[Member]) -> dict[int, TooMany]:
         """Writes and publishes the members' jobs but those past their key's limit: refused, by index."""
-        if len(members) == 1 and not members[0].caller.counted:  # a lone job, as an idle API gets them
-            with self._sessions() as session:
-                autocommitting(session)
-                session.execute(insert(Job), [members[0].job.insertable()])  # by attribute: the ORM's
-            self.publish([members[0].job])
-            return {}
         with self._sessions() as session:
             refused = admit(session, [m.caller for m in members])
             jobs = [m.job for i, m in enumerate(members) if i not in refused]
