@@ -2,7 +2,7 @@
 
     python bench/service_overhead.py [--model DIR] [--seconds 10] [--concurrency 64] [--api-workers 2]
         [--batch-processes 2] [--latency-jobs 200] [--batch-lines 50000] [--batch-e2e [--batch-docs 1000]]
-        [--stream-requests 60] [--rounds 2] [--stream-only] [--healthz-during-batch]
+        [--stream-requests 60] [--rounds 2] [--stream-only] [--healthz-during-batch] [--batch-accept-only]
 
 Needs wrk (Debian: apt-get install wrk), PostgreSQL and Redis as the tests use them.
 1. Accepted jobs/s: ``pagedq api`` (``--api-workers`` uvicorn processes, default 2: one per core)
@@ -16,7 +16,9 @@ Needs wrk (Debian: apt-get install wrk), PostgreSQL and Redis as the tests use t
 3. Batch accept: a ``--batch-lines`` chat batch file (50,000 lines) through ``POST /v1/files`` and
    ``POST /v1/batches`` while no worker runs: lines/s until the batch is ``in_progress`` (every line
    checked, tokenized, and committed as a job; ``--batch-processes`` processes check the lines, default
-   2), then how fast its messages are published in the background.
+   2), then how fast its messages are published in the background. With ``--batch-accept-only`` (alone):
+   that batch accepted ``--rounds`` times, each with the CPU per line of the API's processes (with their
+   checking processes) and of PostgreSQL's.
 4. With ``--batch-e2e``: a ``--batch-docs`` document batch (chat, greedy, ``--batch-max-tokens`` each)
    run by one worker, from upload to ``completed``, against ``LLM.chat`` on the same prompts with the
    worker's engine settings: output tokens/s of each.
@@ -50,6 +52,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import httpx
+import psutil
 import psycopg
 import redis
 
@@ -57,6 +60,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.engine_throughput import wait_quiet  # noqa: E402
+from bench.service_cpu import cpu_of  # noqa: E402
 from bench.stack import Shared, service_stack  # noqa: E402
 from contract.engine import DEFAULT_MODEL  # noqa: E402
 from core.queue import queue_name  # noqa: E402
@@ -291,6 +295,28 @@ def batch_accept(url: str, lines: int, broker: redis.Redis, queue: str) -> tuple
     return lines / accepted, lines / published
 
 
+def service_cpu(api: psutil.Process) -> dict[str, float]:
+    """CPU seconds so far of the API's processes (its workers and their batch-checking processes) and of
+    PostgreSQL's (every process of the server: run alone on the machine)."""
+    postgres = (p for p in psutil.process_iter(["name"]) if (p.info["name"] or "").startswith("postgres"))
+    return {
+        "API and checking processes": cpu_of(api) + sum(cpu_of(p) for p in api.children(recursive=True)),
+        "PostgreSQL": sum(map(cpu_of, postgres)),
+    }
+
+
+def batch_accept_cpu(url: str, lines: int, api: psutil.Process, settings: Settings) -> tuple[float, dict]:
+    """Lines/s accepted (upload + create), and the CPU seconds per line each side spent on it."""
+    data = batch_file(lines, max_tokens=32)
+    with httpx.Client(base_url=url, timeout=600) as client:
+        before, start = service_cpu(api), time.monotonic()
+        create_batch(client, data)
+        accepted, after = time.monotonic() - start, service_cpu(api)
+    drop_queued(settings)
+    wait_quiet(60)  # its messages are published in the background
+    return lines / accepted, {side: (after[side] - before[side]) / lines for side in after}
+
+
 def drop_queued(settings: Settings) -> None:
     """Nobody will run the jobs queued so far: remove their messages and cancel them."""
     broker = redis.Redis.from_url(settings.resolved_broker_url)
@@ -383,6 +409,11 @@ def main() -> None:
         help="only: GET /healthz latency from a second client while a --batch-lines batch is accepted, "
         "then cancelled",
     )
+    parser.add_argument(
+        "--batch-accept-only",
+        action="store_true",
+        help="only: a --batch-lines batch accepted --rounds times, with the CPU each side spent per line",
+    )
     args = parser.parse_args()
 
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores")
@@ -395,8 +426,14 @@ def main() -> None:
     shared = Shared(DATABASE, "redis://127.0.0.1:6379/14")
     with service_stack(shared, keep=True, model=args.model, log_level="WARNING", **processes) as stack:
         settings = stack.settings
-        _, url = stack.api()
+        api_process, url = stack.api()
         wait_quiet(60)  # the API's batch-checking processes load their tokenizers after it is ready
+        if args.batch_accept_only:
+            api = psutil.Process(api_process.popen.pid)
+            report_batch_accept(
+                args, [batch_accept_cpu(url, args.batch_lines, api, settings) for _ in range(args.rounds)]
+            )
+            return
         if args.healthz_during_batch:
             report_healthz(args, healthz_during_batch(url, args.batch_lines))
             return
@@ -465,6 +502,16 @@ def report_requests(
         f"  target >= {TARGET_BATCH_LINES_PER_S:.0f} lines/s: "
         f"{batch_rate / TARGET_BATCH_LINES_PER_S:.2f}x of target, "
         f"{'PASS' if batch_rate >= TARGET_BATCH_LINES_PER_S else 'MISS'}"
+    )
+
+
+def report_batch_accept(args: argparse.Namespace, rounds: list[tuple[float, dict]]) -> None:
+    for rate, cpu in rounds:
+        per_line = ", ".join(f"{side} {seconds * 1e6:.0f}" for side, seconds in cpu.items())
+        print(f"batch accept, {args.batch_lines} lines: {rate:.0f} lines/s; CPU µs a line: {per_line}")
+    best, worst = (f(rate for rate, _ in rounds) / TARGET_BATCH_LINES_PER_S for f in (max, min))
+    print(
+        f"  target >= {TARGET_BATCH_LINES_PER_S:.0f} lines/s: best {best:.2f}x, worst {worst:.2f}x of target"
     )
 
 
