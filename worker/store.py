@@ -183,6 +183,18 @@ CLAIM = (
 )
 
 
+def claim_statement(job_id: str, worker_id: str, served_by: Any, retry: bool, first: bool = False) -> Update:
+    """The claim's UPDATE of ``job_id``: a queued job not asked to cancel (``retry``: or a run of this
+    worker's); ``first``: only for its first run."""
+    claimable = JOBS.c.status == JobStatus.QUEUED
+    if retry:
+        claimable = or_(claimable, and_(JOBS.c.status == JobStatus.RUNNING, JOBS.c.worker_id == worker_id))
+    where = [JOBS.c.id == job_id, claimable, JOBS.c.cancel_requested.is_(False)]
+    if first:
+        where.append(JOBS.c.attempt == 0)
+    return CLAIM.where(*where).values(worker_id=worker_id, served_by=served_by)
+
+
 @cache
 def prefix_holders(model: str) -> CompoundSelect:
     """One read for step 5's ``Prefixes``: the prefix key of each job of ``model`` running or in ``skip``
@@ -303,7 +315,7 @@ class JobStore:
                     picked = self._pick(autocommitting(session), passed_over(), worker_id)
                 if picked is None or not reserve(picked):
                     return picked, None
-            first_run = self._claim_statement(picked, worker_id, retry=False, first=True)
+            first_run = claim_statement(picked, worker_id, self.served_by, retry=False, first=True)
             if (row := autocommitting(session).execute(first_run).one_or_none()) is not None:
                 return picked, _claimed(picked, row)
         return picked, self.claim(picked, worker_id)  # a later run, or not queued any more
@@ -335,7 +347,8 @@ class JobStore:
     def _claim(self, session: Session, job_id: str, worker_id: str, retry: bool) -> ClaimedJob | None:
         """A job's first run (attempt 0 before: nothing to resume, its results still fresh) is one
         UPDATE, its ``runs`` written there; a later run then finds what it resumes, and records it."""
-        row = session.connection().execute(self._claim_statement(job_id, worker_id, retry)).one_or_none()
+        statement = claim_statement(job_id, worker_id, self.served_by, retry)
+        row = session.connection().execute(statement).one_or_none()
         if row is None:
             return None
         attempt, params, (*kept, runs) = row[0], row[2], row[6:]
@@ -347,19 +360,6 @@ class JobStore:
         appended = JOBS.update().where(JOBS.c.id == job_id).values(runs=[*(runs or []), start], **restart)
         session.execute(appended)
         return _claimed(job_id, row, resume)
-
-    def _claim_statement(self, job_id: str, worker_id: str, retry: bool, first: bool = False) -> Update:
-        """The claim's UPDATE of ``job_id``: a queued job not asked to cancel (``retry``: or a run of this
-        worker's); ``first``: only for its first run."""
-        claimable = JOBS.c.status == JobStatus.QUEUED
-        if retry:
-            claimable = or_(
-                claimable, and_(JOBS.c.status == JobStatus.RUNNING, JOBS.c.worker_id == worker_id)
-            )
-        where = [JOBS.c.id == job_id, claimable, JOBS.c.cancel_requested.is_(False)]
-        if first:
-            where.append(JOBS.c.attempt == 0)
-        return CLAIM.where(*where).values(worker_id=worker_id, served_by=self.served_by)
 
     def write(self, progress: list[Progress]) -> set[str]:
         """Write progress (and results) of the runs this worker owns; returns the ids it no longer owns.
