@@ -305,7 +305,9 @@ def service_cpu(api: psutil.Process) -> dict[str, float]:
     }
 
 
-def batch_accept_cpu(url: str, lines: int, api: psutil.Process, settings: Settings) -> tuple[float, dict]:
+def batch_accept_cpu(
+    url: str, lines: int, api: psutil.Process, settings: Settings
+) -> tuple[float, dict[str, float]]:
     """Lines/s accepted (upload + create), and the CPU seconds per line each side spent on it."""
     data = batch_file(lines, max_tokens=32)
     with httpx.Client(base_url=url, timeout=600) as client:
@@ -505,7 +507,7 @@ def report_requests(
     )
 
 
-def report_batch_accept(args: argparse.Namespace, rounds: list[tuple[float, dict]]) -> None:
+def report_batch_accept(args: argparse.Namespace, rounds: list[tuple[float, dict[str, float]]]) -> None:
     for rate, cpu in rounds:
         per_line = ", ".join(f"{side} {seconds * 1e6:.0f}" for side, seconds in cpu.items())
         print(f"batch accept, {args.batch_lines} lines: {rate:.0f} lines/s; CPU µs a line: {per_line}")

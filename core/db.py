@@ -48,6 +48,9 @@ def autocommitting(session: Session) -> Connection:
     (a first run's claim) or only reads (the pick), it saves the BEGIN and COMMIT round trips (a claim
     took ~0.5 ms less; the commit's WAL flush, most of a write's wait, stays). The session's first use
     must be this call (later calls return the same connection)."""
-    if session.in_transaction():
-        return session.connection()
-    return session.connection(execution_options={"isolation_level": "AUTOCOMMIT"})
+    if not session.in_transaction():
+        return session.connection(execution_options={"isolation_level": "AUTOCOMMIT"})
+    connection = session.connection()
+    if connection.get_execution_options().get("isolation_level") != "AUTOCOMMIT":
+        raise RuntimeError("the session began a transaction before it was made autocommitting")
+    return connection
