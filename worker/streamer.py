@@ -1,5 +1,10 @@
 """Appends a job's new text to its Redis stream and publishes it (``core/streams.py``), from a thread
-of its own so the engine never waits; only for runs a reader follows (``worker/watchers.py``)."""
+of its own so the engine never waits; only for runs a reader follows (``worker/watchers.py``).
+
+The writes go out on a connection of the streamer's own with Redis's replies turned off
+(``CLIENT REPLY OFF``): nothing reads them (a stale run's refused entry was only ever dropped), and
+waiting for them woke this thread a second time per token, to take the GIL from the engine's step. On
+two cores that halved the streamer's CPU per streamed token (bench/RESULTS.md, 2026-11-27)."""
 
 import logging
 import queue
@@ -28,6 +33,7 @@ class Piece:
 class TokenStreamer:
     def __init__(self, url: str) -> None:
         self._redis = redis.Redis.from_url(url)
+        self._connection: redis.Connection | None = None  # the writes', replies off (``_connected``)
         self._pieces: queue.SimpleQueue[Piece | None] = queue.SimpleQueue()
         self._seqs: dict[tuple[str, int], int] = {}  # (job, attempt): its last entry; its stream has a TTL
         self.watchers = Watchers(self._redis)
@@ -59,6 +65,7 @@ class TokenStreamer:
     def close(self) -> None:
         self._pieces.put(None)
         self._thread.join(timeout=10)
+        self._disconnect()
         self.watchers.close()
 
     def _run(self) -> None:
@@ -73,21 +80,52 @@ class TokenStreamer:
                 return
 
     def _write(self, batch: list[Piece]) -> None:
-        pipe = self._redis.pipeline(transaction=False)
+        commands: list[tuple[str | int, ...]] = []
         for piece in batch:
             run = (piece.job_id, piece.attempt)
             key, seq = stream_key(piece.job_id), self._seqs.get(run, 0) + 1
             entry = StreamEntry(piece.attempt, seq, storable(piece.text), piece.finished, piece.resumed)
             # An explicit id: a stale run's entries, older than the stream's newest, are refused.
-            pipe.xadd(key, entry.fields(), id=entry.entry_id)
-            pipe.publish(channel_key(piece.job_id), entry.message())
+            fields = (item for pair in entry.fields().items() for item in pair)
+            commands.append(("XADD", key, entry.entry_id, *fields))
+            commands.append(("PUBLISH", channel_key(piece.job_id), entry.message()))
             if seq == 1 or piece.finished:
-                pipe.expire(key, STREAM_TTL_S)  # at the start too: a run that dies leaves no key behind
+                commands.append(("EXPIRE", key, STREAM_TTL_S))  # at the start too: a dead run leaves no key
             if piece.finished:
                 self._seqs.pop(run, None)
             else:
                 self._seqs[run] = seq
-        try:
-            pipe.execute()
-        except redis.RedisError as error:  # best effort: the database has the output either way
-            logger.warning("could not stream tokens", extra={"error": str(error), "pieces": len(batch)})
+        for tries_left in (1, 0):  # once more on a new connection: Redis may have restarted
+            try:
+                connection = self._connected()
+                connection.send_packed_command(connection.pack_commands(commands), check_health=False)
+                return
+            except redis.RedisError as error:  # best effort: the database has the output either way
+                self._disconnect()
+                if not tries_left:
+                    extra = {"error": str(error), "pieces": len(batch)}
+                    logger.warning("could not stream tokens", extra=extra)
+
+    def _connected(self) -> redis.Connection:
+        """The writes' connection; a new one if the server closed it (it sends nothing else), which a
+        write would not find out at once: the kernel takes the bytes."""
+        if self._connection is not None and _closed(self._connection):
+            self._disconnect()
+        if self._connection is None:
+            connection = self._redis.connection_pool.make_connection()
+            connection.connect()
+            connection.send_command("CLIENT", "REPLY", "OFF", check_health=False)
+            self._connection = connection
+        return self._connection
+
+    def _disconnect(self) -> None:
+        if self._connection is not None:
+            self._connection.disconnect()
+            self._connection = None
+
+
+def _closed(connection: redis.Connection) -> bool:
+    try:
+        return connection.can_read()
+    except redis.ConnectionError:
+        return True

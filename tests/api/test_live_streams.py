@@ -2,13 +2,15 @@
 
 Against the real Redis: entries come in order and each once, whether read from the stream or as they
 are published; a lost message is read from the stream; a requeued run starts over, and a stale run's
-entries are refused. Only a run someone reads is streamed, from all its text so far.
+entries are refused. Only a run someone reads is streamed, from all its text so far. The writer goes on
+after Redis restarts (a server of the test's own).
 """
 
 import asyncio
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
 from typing import TypeVar
 
 import pytest
@@ -18,6 +20,7 @@ from api.jobs import live
 from api.jobs.live import LiveStreams
 from api.jobs.streams import Continuation
 from core.streams import WATCH_TTL_S, WATCHED_KEY, StreamEntry, announce_reader, channel_key, stream_key
+from tests.support.private_redis import private_redis
 from tests.support.services import async_wait_for, redis_url, wait_for
 from worker.streamer import TokenStreamer
 
@@ -114,6 +117,25 @@ def test_a_reader_gets_what_was_written_so_far_then_each_new_piece_once(
     assert "".join(e.text for e in read) == "Hello, world!"
     assert [e.position for e in read] == [(1, seq) for seq in range(1, 7)] and read[-1].end
     assert redis.Redis.from_url(url).ttl(stream_key(job_id)) > 0
+
+
+def test_the_writer_streams_again_at_once_after_redis_restarts(tmp_path: Path, job_id: str) -> None:
+    """The writes' connection hears no replies, so a server gone and back is found before writing: the
+    first piece after the restart is streamed, none lost into the old connection."""
+    with private_redis(tmp_path) as server:
+        streamer, reader = TokenStreamer(server.url()), redis.Redis.from_url(server.url())
+        try:
+            streamer.put(job_id, 1, "before", finished=False)
+            wait_for(lambda: reader.xlen(stream_key(job_id)) == 1, 5, "the piece before the restart")
+            server.stop()
+            server.start()
+            streamer.put(job_id, 1, "after", finished=True)
+            wait_for(lambda: reader.xlen(stream_key(job_id)) == 1, 5, "the piece after the restart")
+            assert texts([StreamEntry.from_stream(*e) for e in reader.xrange(stream_key(job_id))]) == [
+                (1, "after", True)
+            ]
+        finally:
+            streamer.close()
 
 
 def test_a_message_lost_on_the_channel_is_read_from_the_stream(url: str, job_id: str) -> None:
