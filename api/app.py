@@ -101,7 +101,7 @@ def build_service(settings: Settings, locate: Locate) -> Service:
         sessions=sessions,
         celery=celery,
         models=models,
-        waiter=JobWaiter(sessions),
+        waiter=JobWaiter(sessions, streams_url(settings)),
         submitter=Submitter(sessions, celery),
         live=LiveStreams(url) if (url := streams_url(settings)) else None,
         metrics=Metrics(sessions, celery, models.names, settings.heartbeat_timeout),

@@ -2,7 +2,8 @@
 
     python bench/service_overhead.py [--model DIR] [--seconds 10] [--concurrency 64] [--api-workers 2]
         [--batch-processes 2] [--latency-jobs 200] [--batch-lines 50000] [--batch-e2e [--batch-docs 1000]]
-        [--stream-requests 60] [--rounds 2] [--stream-only] [--healthz-during-batch] [--batch-accept-only]
+        [--stream-requests 60] [--rounds 2] [--stream-only] [--waited-only] [--healthz-during-batch]
+        [--batch-accept-only]
 
 Needs wrk (Debian: apt-get install wrk), PostgreSQL and Redis as the tests use them.
 1. Accepted jobs/s: ``pagedq api`` (``--api-workers`` uvicorn processes, default 2: one per core)
@@ -28,6 +29,9 @@ Needs wrk (Debian: apt-get install wrk), PostgreSQL and Redis as the tests use t
 5. Streamed chat completions (``--stream-requests`` of ``--stream-tokens`` tokens, one at a time):
    time to first token and mean inter-token latency as the client sees them, against the same requests
    through ``LLMEngine`` directly.
+6. Waited chat completions (the same requests, not streamed: the API answers once the job has ended):
+   the time to the answer and the mean inter-token latency of the job's own token times, against the
+   same requests through ``LLMEngine`` directly. ``--waited-only`` runs parts 5 and 6 alone.
 The engine baselines run in the bench process, with the worker's engine settings, while the service is
 idle. This machine's speed drifts over minutes, so part 4 alternates service and engine over ``--rounds``
 rounds, and part 5 request by request: its added latencies are medians of each pair's difference.
@@ -168,6 +172,40 @@ def engine_once(llm: LLM, i: int, max_tokens: int) -> tuple[float, float]:
                 first = first or last
     assert first is not None and last is not None
     return (first - start) * 1000, (last - first) * 1000 / (max_tokens - 1)
+
+
+def waited_once(client: httpx.Client, model: str, i: int, max_tokens: int) -> tuple[float, float]:
+    """Time to the answer of one chat completion that is not streamed, and the mean inter-token latency
+    of its job's token times (ms): what the engine ran at inside the service."""
+    body = {
+        "model": model,
+        "messages": story_messages(i),
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+    }
+    start = time.perf_counter()
+    answer = client.post("/v1/chat/completions", json=body).raise_for_status().json()
+    elapsed = (time.perf_counter() - start) * 1000
+    job = client.get("/v1/jobs/job_" + answer["id"].removeprefix("chatcmpl-")).raise_for_status().json()
+    times = job["timings"]["token_times_ms"]
+    return elapsed, (times[-1] - times[0]) / (len(times) - 1)
+
+
+def engine_total(llm: LLM, i: int, max_tokens: int) -> tuple[float, float]:
+    """``engine_once``'s request, timed to its last token: (total ms, ITL ms)."""
+    start = time.perf_counter()
+    _, itl = engine_once(llm, i, max_tokens)
+    return (time.perf_counter() - start) * 1000, itl
+
+
+def waited_pairs(url: str, model: str, llm: LLM, n: int, max_tokens: int) -> list[tuple[float, ...]]:
+    """``n`` pairs (path total, job ITL, engine total, engine ITL), as ``stream_pairs`` pairs them."""
+    with httpx.Client(base_url=url, timeout=120) as client:
+        pairs = [
+            waited_once(client, model, i, max_tokens) + engine_total(llm, i, max_tokens) for i in range(n + 2)
+        ]
+    return pairs[2:]
 
 
 def stream_pairs(url: str, model: str, llm: LLM, n: int, max_tokens: int) -> list[tuple[float, ...]]:
@@ -403,6 +441,9 @@ def main() -> None:
         "--stream-only", action="store_true", help="run part 5 alone (nothing before it leaves work behind)"
     )
     parser.add_argument(
+        "--waited-only", action="store_true", help="run parts 5 and 6 alone (streamed, then waited)"
+    )
+    parser.add_argument(
         "--rounds", type=int, default=2, help="alternations of batch and LLM.chat runs (--batch-e2e)"
     )
     parser.add_argument(
@@ -439,7 +480,8 @@ def main() -> None:
         if args.healthz_during_batch:
             report_healthz(args, healthz_during_batch(url, args.batch_lines))
             return
-        if not args.stream_only:
+        only_latency = args.stream_only or args.waited_only
+        if not only_latency:
             health = hammer(url, args.seconds, args.concurrency, post_jobs=False, logs=stack.work)
             accepted = hammer(url, args.seconds, args.concurrency, post_jobs=True, logs=stack.work)
             drop_queued(settings)
@@ -450,24 +492,31 @@ def main() -> None:
 
         stack.worker()
         llm = direct_llm(settings)  # idle while the service runs, and the service idle while it runs
-        if not args.stream_only:
+        if not only_latency:
             latencies = queue_latencies(url, args.latency_jobs)
             direct = engine_latencies(llm, args.latency_jobs)
         model = settings.served_model_name
         # Earlier parts may leave work behind (the worker finalizes the 50,000-job batch).
         stream_busy = wait_quiet(180)
         pairs = stream_pairs(url, model, llm, args.stream_requests, args.stream_tokens)
+        waited = (
+            []
+            if args.stream_only
+            else waited_pairs(url, model, llm, args.stream_requests, args.stream_tokens)
+        )
         # Service and engine alternate round by round: this machine's speed drifts by minutes.
         batch_tps, generate_tps = [], []
-        for round_ in range(args.rounds if args.batch_e2e and not args.stream_only else 0):
+        for round_ in range(args.rounds if args.batch_e2e and not only_latency else 0):
             batch_tps.append(batch_end_to_end(url, args.batch_docs, args.batch_max_tokens, round_))
             generate_tps.append(generate_directly(llm, args.batch_docs, args.batch_max_tokens, round_))
 
-    if not args.stream_only:
+    if not only_latency:
         report_requests(args, health, accepted, latencies, direct, batch_rate, publish_rate)
         if args.batch_e2e:
             report_batch_e2e(args, batch_tps, generate_tps)
     report_stream(args, pairs, stream_busy)
+    if waited:
+        report_waited(args, waited)
 
 
 def report_requests(
@@ -567,6 +616,21 @@ def report_stream(args: argparse.Namespace, pairs: list[tuple[float, ...]], stre
         f"  targets: added TTFT <= {TARGET_ADDED_TTFT_MS:.0f} ms: "
         f"{verdict(added_ttft, TARGET_ADDED_TTFT_MS)}; added ITL <= {TARGET_ADDED_ITL_MS:.0f} ms: "
         f"{verdict(added_itl, TARGET_ADDED_ITL_MS)}"
+    )
+
+
+def report_waited(args: argparse.Namespace, pairs: list[tuple[float, ...]]) -> None:
+    path_total, job_itl, engine_total_ms, engine_itl = (
+        statistics.median(c) for c in zip(*pairs, strict=True)
+    )
+    added_total = median_interval([p[0] - p[2] for p in pairs])
+    added_itl = median_interval([p[1] - p[3] for p in pairs])
+    print(
+        f"waited chat completion (not streamed), {args.stream_requests} pairs x {args.stream_tokens} "
+        f"tokens, medians: answer {path_total:.1f} ms vs engine {engine_total_ms:.1f} ms; the job's ITL "
+        f"{job_itl:.2f} ms vs engine {engine_itl:.2f} ms; added (median of the pairs' differences, 95% "
+        f"interval): answer {added_total[0]:+.1f} ms ({added_total[1]:+.1f}..{added_total[2]:+.1f}), "
+        f"ITL {added_itl[0]:+.2f} ms ({added_itl[1]:+.2f}..{added_itl[2]:+.2f})"
     )
 
 

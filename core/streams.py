@@ -28,6 +28,7 @@ WATCHED_KEY = "pagedq:watched"  # job id -> until when (unix seconds) a reader i
 WATCHING_CHANNEL = "pagedq:watching"  # a job id, as soon as a reader comes
 WATCH_TTL_S = 30.0  # a reader's presence lasts this long (clocks of hosts may differ by some seconds)
 WATCH_RENEW_S = 10.0  # and is renewed this often while it reads
+ENDED_CHANNEL = "pagedq:ended"  # the ids of jobs whose end is committed, comma-separated
 
 
 def announce_reader(pipe: Any, job_id: str) -> None:
@@ -47,6 +48,22 @@ def channel_key(job_id: str) -> str:
 def streams_url(settings: Settings) -> str | None:
     url = settings.resolved_broker_url
     return url if url.startswith(("redis://", "rediss://")) else None
+
+
+def end_announcer(settings: Settings) -> Callable[[list[str]], None] | None:
+    """Announces jobs whose end is committed (``ENDED_CHANNEL``); best effort, as waiters also poll."""
+    url = streams_url(settings)
+    if url is None:
+        return None
+    client = redis.Redis.from_url(url)
+
+    def announce(job_ids: list[str]) -> None:
+        try:
+            client.publish(ENDED_CHANNEL, ",".join(job_ids))
+        except redis.RedisError as error:
+            logger.warning("could not announce ended jobs", extra={"jobs": len(job_ids), "error": str(error)})
+
+    return announce
 
 
 def stream_dropper(settings: Settings) -> Callable[[list[str]], None] | None:

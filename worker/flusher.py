@@ -43,6 +43,9 @@ class Flusher:
     clock: Clock = field(default_factory=Clock)
     # Set once a batch's job has ended here: its batch may be done, to finalize now (worker/reconciler.py).
     batch_jobs_ended: threading.Event = field(default_factory=threading.Event)
+    # Told the ids of the jobs whose end a round committed: requests waiting for them hear it at once
+    # (core/streams.end_announcer); None without Redis.
+    announce_ended: Callable[[list[str]], None] | None = None
 
     def __post_init__(self) -> None:
         self._stopping = threading.Event()
@@ -153,6 +156,9 @@ class Flusher:
         writes = [p for p in snapshot if p.status != JobStatus.QUEUED]
         lost = self.store.write(writes) if writes else set()
         self.flights.written(writes, lost)
+        ended = [p.job_id for p in writes if p.status is not None and p.job_id not in lost]
+        if ended and self.announce_ended is not None:
+            self.announce_ended(ended)
         for p in writes:
             if p.status is not None and p.job_id in lost:
                 logger.warning("result not written: the job is no longer ours", extra={"job_id": p.job_id})

@@ -24,7 +24,7 @@ from core.purge import Purger
 from core.queue import PROBE_QUEUE_TASK, RUN_JOB_TASK, make_celery, publish_jobs, publish_probe, queue_name
 from core.served_models import ModelEntry, default_model, model_named
 from core.settings import Settings
-from core.streams import stream_dropper, streams_url
+from core.streams import end_announcer, stream_dropper, streams_url
 from core.webhooks import Outbox
 from worker.batches import BatchKeeper
 from worker.claimer import Claimer, RunResult
@@ -215,6 +215,7 @@ def engine_host(
         publish,
         abort=loop.abort,
         connectivity=connectivity,
+        announce_ended=end_announcer(settings),
     )
     period = settings.heartbeat_period
     store.held_prefixes = loop.held_prefixes  # the claim prefers them; the heartbeat publishes them

@@ -40,6 +40,7 @@ class Recorder:
     def __init__(self) -> None:
         self.aborted: list[Flight] = []
         self.published: list[tuple[str, int]] = []
+        self.announced: list[str] = []  # the ended jobs announced to waiting requests
 
     def publish(self, job_id: str, priority: int) -> None:
         self.published.append((job_id, priority))
@@ -63,6 +64,7 @@ def flusher(store: JobStore, recorder: Recorder, tmp_path: Path) -> Iterator[Flu
         heartbeat_interval=0.2,
         publish=recorder.publish,
         abort=recorder.aborted.append,
+        announce_ended=recorder.announced.extend,
     )
     writer.start()
     yield writer
@@ -92,15 +94,17 @@ def health_line(flusher: Flusher) -> str:
     return check(flusher.health.path, stale_after=60)[1]
 
 
-def test_progress_then_the_result_is_written_and_the_run_let_go(store, flusher):
+def test_progress_then_the_result_is_written_and_the_run_let_go(store, flusher, recorder):
     run = claimed(store, flusher.flights)
     produce(flusher.flights, run, "Once")
     wait_for(lambda: row(store, run.job.id).output_text == "Once", 10, "the progress to be written")
     assert not run.done.is_set()
 
+    assert recorder.announced == []  # progress is no end
     produce(flusher.flights, run, " upon")
     flusher.flights.end(run, JobStatus.SUCCEEDED, finish_reason="length")
     assert run.done.wait(10)
+    assert recorder.announced == [run.job.id]  # once its end is committed
     job = row(store, run.job.id)
     assert (job.status, job.output_text, job.completion_tokens, job.finish_reason) == (
         "succeeded",
@@ -136,6 +140,7 @@ def test_a_drain_requeues_and_publishes_the_runs_its_deadline_finds_running(stor
     assert recorder.published == [(run.job.id, 0)]
     assert row(store, run.job.id).status == JobStatus.QUEUED and row(store, done.job.id).status == "succeeded"
     assert not run.unwritten
+    assert recorder.announced == [done.job.id]  # a requeue is no end
 
     flusher.stop()  # and says so
     assert health_line(flusher) == "stopped: worker w1"
