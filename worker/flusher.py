@@ -156,9 +156,7 @@ class Flusher:
         writes = [p for p in snapshot if p.status != JobStatus.QUEUED]
         lost = self.store.write(writes) if writes else set()
         self.flights.written(writes, lost)
-        ended = [p.job_id for p in writes if p.status is not None and p.job_id not in lost]
-        if ended and self.announce_ended is not None:
-            self.announce_ended(ended)
+        ended = []  # what a request may wait for: nobody waits for a batch's line
         for p in writes:
             if p.status is not None and p.job_id in lost:
                 logger.warning("result not written: the job is no longer ours", extra={"job_id": p.job_id})
@@ -166,6 +164,10 @@ class Flusher:
                 flight = self._release(p.job_id, lost=p.job_id in lost and p.status is None)
                 if flight.job.in_batch and p.job_id not in lost:
                     self.batch_jobs_ended.set()
+                elif p.job_id not in lost:
+                    ended.append(p.job_id)
+        if ended and self.announce_ended is not None:
+            self.announce_ended(ended)
         for p in requeues:
             priority = self.store.requeue(p.job_id, p.attempt)
             if priority is not None:

@@ -104,7 +104,7 @@ def test_progress_then_the_result_is_written_and_the_run_let_go(store, flusher, 
     produce(flusher.flights, run, " upon")
     flusher.flights.end(run, JobStatus.SUCCEEDED, finish_reason="length")
     assert run.done.wait(10)
-    assert recorder.announced == [run.job.id]  # once its end is committed
+    wait_for(lambda: recorder.announced == [run.job.id], 10, "its end to be announced, once")
     job = row(store, run.job.id)
     assert (job.status, job.output_text, job.completion_tokens, job.finish_reason) == (
         "succeeded",
@@ -140,6 +140,7 @@ def test_a_drain_requeues_and_publishes_the_runs_its_deadline_finds_running(stor
     assert recorder.published == [(run.job.id, 0)]
     assert row(store, run.job.id).status == JobStatus.QUEUED and row(store, done.job.id).status == "succeeded"
     assert not run.unwritten
+    wait_for(lambda: recorder.announced, 10, "the ended job to be announced")
     assert recorder.announced == [done.job.id]  # a requeue is no end
 
     flusher.stop()  # and says so
