@@ -129,18 +129,21 @@ def story_messages(i: int) -> list[dict[str, str]]:
     return [{"role": "user", "content": f"Tell me a story about the number {i}."}]
 
 
-def streamed_once(client: httpx.Client, model: str, i: int, max_tokens: int) -> tuple[float, float]:
-    """Time to first token and mean inter-token latency (ms) of one streamed chat completion, as a
-    client sees it through the whole path (API → queue → worker → Redis channel → API → client)."""
-    body = {
+def story_request(model: str, i: int, max_tokens: int) -> dict[str, object]:
+    """The chat completion parts 5 and 6 time: greedy, ``max_tokens`` tokens whatever the text."""
+    return {
         "model": model,
         "messages": story_messages(i),
         "max_tokens": max_tokens,
         "temperature": 0,
         "ignore_eos": True,
-        "stream": True,
-        "stream_options": {"include_usage": True},
     }
+
+
+def streamed_once(client: httpx.Client, model: str, i: int, max_tokens: int) -> tuple[float, float]:
+    """Time to first token and mean inter-token latency (ms) of one streamed chat completion, as a
+    client sees it through the whole path (API → queue → worker → Redis channel → API → client)."""
+    body = story_request(model, i, max_tokens) | {"stream": True, "stream_options": {"include_usage": True}}
     start, arrivals = time.perf_counter(), []
     with client.stream("POST", "/v1/chat/completions", json=body) as r:
         for line in r.iter_lines():  # parsed after the stream: the client's own work would slow the server
@@ -177,15 +180,12 @@ def engine_once(llm: LLM, i: int, max_tokens: int) -> tuple[float, float]:
 def waited_once(client: httpx.Client, model: str, i: int, max_tokens: int) -> tuple[float, float]:
     """Time to the answer of one chat completion that is not streamed, and the mean inter-token latency
     of its job's token times (ms): what the engine ran at inside the service."""
-    body = {
-        "model": model,
-        "messages": story_messages(i),
-        "max_tokens": max_tokens,
-        "temperature": 0,
-        "ignore_eos": True,
-    }
     start = time.perf_counter()
-    answer = client.post("/v1/chat/completions", json=body).raise_for_status().json()
+    answer = (
+        client.post("/v1/chat/completions", json=story_request(model, i, max_tokens))
+        .raise_for_status()
+        .json()
+    )
     elapsed = (time.perf_counter() - start) * 1000
     job = client.get("/v1/jobs/job_" + answer["id"].removeprefix("chatcmpl-")).raise_for_status().json()
     times = job["timings"]["token_times_ms"]

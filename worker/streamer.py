@@ -4,7 +4,7 @@ of its own so the engine never waits; only for runs a reader follows (``worker/w
 The writes go out on a connection of the streamer's own with Redis's replies turned off
 (``CLIENT REPLY OFF``): nothing reads them (a stale run's refused entry was only ever dropped), and
 waiting for them woke this thread a second time per token, to take the GIL from the engine's step. On
-two cores that halved the streamer's CPU per streamed token (bench/RESULTS.md, 2026-11-27)."""
+two cores that took a third to a half off its CPU per streamed token (bench/RESULTS.md, 2026-11-27)."""
 
 import logging
 import queue

@@ -5,8 +5,9 @@ listener per API process wakes their waiters. One poller also serves every waiti
 query per tick: a waiter's first tick finds a job that ended before the listener could hear of it, and
 every waiter is asked for each ``relaxed`` seconds (an end nobody announced: a cancel, a message lost
 while Redis restarted). Without Redis, every tick asks for every waiter. Asking the database every 25
-ms for a job's end took a core's CPU from the engine while a job ran: 1.5 ms more per token at batch 1
-on two cores (bench/RESULTS.md, 2026-11-27). No thread is held while waiting.
+ms for a job's end took its CPU from the engine's step while the job ran: on two cores at batch 1 the
+job ran at +2.9 ms a token over the engine alone, +0.7 since (bench/RESULTS.md, 2026-11-27). No thread
+is held while waiting.
 """
 
 import asyncio
