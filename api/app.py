@@ -37,7 +37,7 @@ from core.heap import freeze_startup_heap
 from core.purge import Purger
 from core.queue import make_celery
 from core.settings import Settings
-from core.streams import stream_dropper, streams_url
+from core.streams import end_announcer, stream_dropper, streams_url
 
 DESCRIPTION = """Job-based LLM inference: submit a job, then read its result when it is done (or hold the
 request with `Prefer: wait=N`).
@@ -108,4 +108,5 @@ def build_service(settings: Settings, locate: Locate) -> Service:
         bulk_publisher=BulkPublisher(celery),
         limiter=KeyLimiter(streams_url(settings)),
         purger=Purger(sessions, settings.purge_chunk, stream_dropper(settings)),
+        announce_ended=end_announcer(settings),
     )

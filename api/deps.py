@@ -1,5 +1,6 @@
 """What every request needs, built once per app and handed to the routes as a dependency."""
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated
 from urllib.parse import urlsplit
@@ -36,6 +37,9 @@ class Service:
     bulk_publisher: BulkPublisher  # a batch's jobs, published after its response
     limiter: KeyLimiter  # each key's request and token rates
     purger: Purger  # deletes what DELETE routes ask for, as retention does
+    # Tells waiting requests (any API process's) of jobs ended here: a queued job cancelled
+    # (core/streams.end_announcer); None without Redis.
+    announce_ended: Callable[[list[str]], None] | None = None
 
 
 def get_service(request: Request) -> Service:

@@ -264,6 +264,8 @@ def cancel(service: Service, caller: Caller, job_id: str) -> tuple[Job, bool]:
                 deliveries = record_event(session, service.settings, "job.cancelled", job=job)
                 session.commit()  # the cancellation and its webhook deliveries, together
                 publish_deliveries(service.celery, deliveries)
+                if service.announce_ended is not None:
+                    service.announce_ended([job_id])
                 return job, True
             if _update_if(session, job_id, JobStatus.RUNNING, {"cancel_requested": True}):
                 session.commit()

@@ -1,14 +1,13 @@
 """``Prefer: wait=N``: hold a submission's answer until its job finishes or N seconds pass.
 
-With Redis, workers announce the jobs whose end they committed (``core/streams.ENDED_CHANNEL``) and one
-listener per API process wakes their waiters. One poller also serves every waiting request, with one
-query per tick: a waiter's first tick finds a job that ended before the listener could hear of it, and
-every waiter is asked for each ``relaxed`` seconds (an end nobody announced: a cancel, a message lost
-while Redis restarted). Without Redis, every tick asks for every waiter. Asking the database every 25
-ms for a job's end took its CPU from the engine's step while the job ran: on two cores at batch 1 the
-job ran at +2.9 ms a token over the engine alone, +0.7 since (bench/RESULTS.md, 2026-11-27). No thread
-is held while waiting.
-"""
+With Redis, workers (and the API, for a queued job it cancels) announce the jobs whose end they
+committed (``core/streams.ENDED_CHANNEL``) and one listener per API process wakes their waiters. One
+poller also serves every waiting request, with one query per tick: a waiter's first tick finds a job
+that ended before the listener could hear of it, and every waiter is asked for each ``relaxed`` seconds
+(an end nobody announced: the reconciler's, a message lost while Redis restarted). Without Redis, every
+tick asks for every waiter. Asking the database every 25 ms for a job's end took its CPU from the
+engine's step while the job ran: on two cores at batch 1 the job ran at +2.9 ms a token over the
+engine alone, +0.7 since (bench/RESULTS.md, 2026-11-27). No thread is held while waiting."""
 
 import asyncio
 import logging

@@ -23,6 +23,7 @@ from core.db import make_db_engine, make_sessionmaker
 from core.models import Job, TokenTimes, Worker, time_ordered_id, utcnow
 from core.queue import make_celery, queue_depth, queue_name
 from core.settings import Settings
+from core.streams import ENDED_CHANNEL
 from tests.support.services import wait_for
 
 PROMPT = "The quick brown fox jumps over the lazy dog."
@@ -415,13 +416,22 @@ def test_list_filters_by_status_and_metadata(client: TestClient, db: sessionmake
 
 
 def test_cancel_queued_job_cancels_it_so_a_worker_skips_it(
-    client: TestClient, db: sessionmaker[Session]
+    client: TestClient, db: sessionmaker[Session], service_settings: Settings
 ) -> None:
     job = _submit(client)
+    ends = redis.Redis.from_url(service_settings.broker_url).pubsub(ignore_subscribe_messages=True)
+    ends.subscribe(ENDED_CHANNEL)
 
     response = client.post(f"/v1/jobs/{job['id']}/cancel")
 
     assert response.status_code == 200
+
+    def announced() -> bool:  # requests waiting for it, in any API process, wake at once
+        message = ends.get_message(timeout=0.1)
+        return message is not None and job["id"] in message["data"].decode().split(",")
+
+    wait_for(announced, 5, "the cancelled job's end to be announced")
+    ends.close()
     assert response.json()["status"] == "cancelled"
     assert response.json()["timings"]["finished_at"] is not None
     with db() as session:  # a worker claims conditionally on 'queued': the cancelled job is not claimed

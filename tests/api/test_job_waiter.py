@@ -89,7 +89,7 @@ def test_an_end_nobody_announces_is_found_by_the_full_poll(db: Database) -> None
         try:
             waiting = asyncio.create_task(waiter.wait(job, timeout=10))
             await async_wait_for(lambda: waiter.listening, 5, "the listener")
-            end(db, job)  # a cancel by the API, say: no worker announces it
+            end(db, job)  # a reconciler's failing it, say: nobody announces it
             return await waiting
         finally:
             await waiter.close()
