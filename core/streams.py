@@ -28,7 +28,7 @@ WATCHED_KEY = "pagedq:watched"  # job id -> until when (unix seconds) a reader i
 WATCHING_CHANNEL = "pagedq:watching"  # a job id, as soon as a reader comes
 WATCH_TTL_S = 30.0  # a reader's presence lasts this long (clocks of hosts may differ by some seconds)
 WATCH_RENEW_S = 10.0  # and is renewed this often while it reads
-ENDED_CHANNEL = "pagedq:ended"  # the ids of jobs whose end is committed, comma-separated
+ENDED_CHANNEL = "pagedq:ended"  # the ids of jobs whose end is committed (``ended_ids`` reads them)
 
 
 def announce_reader(pipe: Any, job_id: str) -> None:
@@ -48,6 +48,11 @@ def channel_key(job_id: str) -> str:
 def streams_url(settings: Settings) -> str | None:
     url = settings.resolved_broker_url
     return url if url.startswith(("redis://", "rediss://")) else None
+
+
+def ended_ids(message: bytes) -> list[str]:
+    """The job ids of an ``ENDED_CHANNEL`` message, as ``end_announcer`` sends them."""
+    return message.decode().split(",")
 
 
 def end_announcer(settings: Settings) -> Callable[[list[str]], None] | None:

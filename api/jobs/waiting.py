@@ -23,7 +23,7 @@ from starlette.concurrency import run_in_threadpool
 
 from core.models import Job
 from core.states import TERMINAL
-from core.streams import ENDED_CHANNEL
+from core.streams import ENDED_CHANNEL, ended_ids
 
 logger = logging.getLogger(__name__)
 
@@ -122,7 +122,7 @@ class JobWaiter:
                 await pubsub.subscribe(ENDED_CHANNEL)
                 self._listening = True
                 async for message in pubsub.listen():
-                    self._wake(message["data"].decode().split(","))
+                    self._wake(ended_ids(message["data"]))
         except RedisError as error:  # a new listener comes with a waiter after LISTEN_RETRY_S
             level = logging.WARNING if self._listening else logging.DEBUG
             logger.log(level, "not hearing of ended jobs; polling for them", extra={"error": str(error)})

@@ -23,7 +23,7 @@ from core.db import make_db_engine, make_sessionmaker
 from core.models import Job, TokenTimes, Worker, time_ordered_id, utcnow
 from core.queue import make_celery, queue_depth, queue_name
 from core.settings import Settings
-from core.streams import ENDED_CHANNEL
+from core.streams import ENDED_CHANNEL, ended_ids
 from tests.support.services import wait_for
 
 PROMPT = "The quick brown fox jumps over the lazy dog."
@@ -428,7 +428,7 @@ def test_cancel_queued_job_cancels_it_so_a_worker_skips_it(
 
     def announced() -> bool:  # requests waiting for it, in any API process, wake at once
         message = ends.get_message(timeout=0.1)
-        return message is not None and job["id"] in message["data"].decode().split(",")
+        return message is not None and job["id"] in ended_ids(message["data"])
 
     wait_for(announced, 5, "the cancelled job's end to be announced")
     ends.close()

@@ -5,6 +5,7 @@ Redis, or with Redis gone (a server of the test's own, killed), every tick asks.
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -37,12 +38,14 @@ def end(db: Database, job_id: str) -> None:
 
 
 class Counting(JobWaiter):
-    """Counts the database's answers to the poller."""
+    """Records what the poller asks the database for."""
 
-    asked: list[list[str]]
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.asked: list[list[str]] = []
 
     def _terminal(self, job_ids: list[str]) -> list[str]:
-        self.asked = [*getattr(self, "asked", []), job_ids]
+        self.asked.append(job_ids)
         return super()._terminal(job_ids)
 
 
@@ -63,7 +66,7 @@ def test_an_announced_end_wakes_its_waiter_and_an_unannounced_one_waits_for_a_po
         try:
             assert await waiter.wait(warm, timeout=5)  # found by its first tick; the listener started
             await async_wait_for(lambda: waiter.listening and subscribers() >= 1, 5, "the listener")
-            waiter.asked = []
+            waiter.asked.clear()
             waiting = asyncio.create_task(waiter.wait(first, timeout=10))
             await async_wait_for(lambda: waiter.asked, 5, "the waiter's first tick")
             end(db, first)
@@ -104,7 +107,7 @@ def test_without_redis_every_tick_asks_the_database(db: Database) -> None:
         waiter = Counting(db.sessions, None, relaxed=RELAXED)
         try:
             waiting = asyncio.create_task(waiter.wait(job, timeout=10))
-            await async_wait_for(lambda: len(getattr(waiter, "asked", [])) >= 3, 5, "three ticks")
+            await async_wait_for(lambda: len(waiter.asked) >= 3, 5, "three ticks")
             end(db, job)
             return await waiting, len(waiter.asked)
         finally:
