@@ -180,7 +180,7 @@ def run_pagedq(path: str, sizes: Sizes, args: argparse.Namespace) -> dict[str, A
 
 def decode_steps(
     llm: Any, sizes: Sizes, bandwidth: float, greedy: Any
-) -> tuple[dict[str, dict[str, float]], list[dict[str, Any]]]:
+) -> tuple[dict[str, dict[str, float]], dict[str, Any]]:
     """Median step time of ``decode_steps`` decode-only steps at each batch size, and the step's bandwidth
     bound; the profile of the largest batch's steps."""
     engine, rng = llm.engine, random.Random(SEED + 1)
@@ -189,7 +189,8 @@ def decode_steps(
     if not model.config.tie_word_embeddings:  # a step reads only its tokens' embedding rows
         weights -= model.embed_tokens.weight.numel() * model.embed_tokens.weight.element_size()
     kv_per_token = engine.model_config.kv_bytes_per_token(engine.runner.dtype)
-    results, profile = {}, []
+    results: dict[str, dict[str, float]] = {}
+    profile: dict[str, Any] = {}
     for batch in sizes.decode_batches:
         requests = [f"decode-{batch}-{i}" for i in range(batch)]
         # The prompts' prefill takes about this many steps (twice it: the decoding rows share each step's
@@ -229,16 +230,19 @@ def timed_decode_step(engine: Any, batch: int) -> float:
     return seconds
 
 
-def profile_steps(engine: Any) -> list[dict[str, Any]]:
-    """The ops that took most time over PROFILED decode steps (device time first, then CPU): where a
-    step that misses its bound goes, recorded for the next run to act on."""
+def profile_steps(engine: Any) -> dict[str, Any]:
+    """Over PROFILED decode steps: each step's wall time and its ops' device time in all (the rest is
+    the device waiting for the host), and the ops that took most time (device time first, then CPU):
+    where a step that misses its bound goes, recorded for the next run to act on."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
     with profile(activities=activities) as prof:
+        start = time.perf_counter()
         for _ in range(PROFILED):
             engine.step()
+        wall_ms = 1e3 * (time.perf_counter() - start) / PROFILED
     rows = [
         {
             "op": e.key[:60],
@@ -248,7 +252,8 @@ def profile_steps(engine: Any) -> list[dict[str, Any]]:
         }
         for e in prof.key_averages()
     ]
-    return sorted(rows, key=lambda r: (r["device_ms"], r["cpu_ms"]), reverse=True)[:PROFILE_ROWS]
+    top = sorted(rows, key=lambda r: (r["device_ms"], r["cpu_ms"]), reverse=True)[:PROFILE_ROWS]
+    return {"wall_ms": wall_ms, "device_ms": sum(r["device_ms"] for r in rows), "ops": top}
 
 
 # --- transformers ---
@@ -394,11 +399,18 @@ def report(results: list[dict[str, Any]]) -> str:
         for b, d in ours["decode"].items()
     ]
     largest = max(map(int, ours["decode"]))
-    lines += ["", f"Per decode step at batch {largest}, the ops that took most time:", ""]
+    profile = ours.get("decode_profile", {})
+    if profile:
+        lines += [
+            "",
+            f"Per decode step at batch {largest}, profiled: {profile['wall_ms']:.2f} ms of wall time, "
+            f"{profile['device_ms']:.2f} ms of it the device's ops in all; the ops that took most time:",
+            "",
+        ]
     lines += ["| op | calls | device ms | CPU ms |", "| --- | ---: | ---: | ---: |"]
     lines += [
         f"| {r['op'].replace('|', '/')} | {r['calls']} | {r['device_ms']:.2f} | {r['cpu_ms']:.2f} |"
-        for r in ours.get("decode_profile", [])
+        for r in profile.get("ops", [])
     ]
     return "\n".join([*lines, "", "Targets:", *targets(ours, results)])
 
