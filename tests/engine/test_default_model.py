@@ -86,6 +86,9 @@ def test_gguf_needs_no_float32_weights(model_dir: Path, tmp_path: Path, monkeypa
     generation = GenerationConfig.from_pretrained(directory)
     assert (generation.do_sample, generation.temperature, generation.top_p) == (True, 0.2, 0.9)
     prepared = {p.name: p.stat().st_ino for p in directory.iterdir()}
+    crashed = directory.parent / f".{DEFAULT_MODEL}.build-crashed"  # a weights build killed midway
+    crashed.mkdir()
+    (crashed / "model.safetensors").write_bytes(b"partial")
 
     assert ensure_default_model(cache) == directory
     assert {p.name: p.stat().st_ino for p in directory.iterdir() if p.name in prepared} == prepared

