@@ -91,7 +91,7 @@ def ensure_default_gguf(cache_dir: Path | None = None) -> Path:
 def _ensure(cache_dir: Path | None, weights: bool) -> Path:
     cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     target = cache_dir / "models" / DEFAULT_MODEL
-    wanted = [*MODEL_FILES, GGUF_NAME, *[WEIGHTS] * weights]
+    wanted = [*MODEL_FILES, GGUF_NAME, *([WEIGHTS] if weights else [])]
     if not _has(target, wanted):
         target.parent.mkdir(parents=True, exist_ok=True)
         with file_lock(cache_dir / f"{DEFAULT_MODEL}.lock"):

@@ -39,7 +39,10 @@ def file_lock(path: Path) -> Iterator[None]:
 def remove_leftovers(target: Path, keep_target: bool = False) -> None:
     """Drop an incomplete model directory (unless ``keep_target``) and scratch directories of builds that
     crashed (lock held)."""
-    for stale in [*[target] * (not keep_target), *target.parent.glob(f".{target.name}.build-*")]:
+    leftovers = list(target.parent.glob(f".{target.name}.build-*"))
+    if not keep_target:
+        leftovers.insert(0, target)
+    for stale in leftovers:
         if stale.exists():
             logger.warning("removing incomplete build %s", stale)
             shutil.rmtree(stale)
