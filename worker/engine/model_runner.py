@@ -83,8 +83,8 @@ class ModelRunner:
         logger.info("weights: %s", self.weights, extra={"weights": self.weights.as_json()})
         if config.batch_invariant and not self.batch_invariant:
             logger.warning(
-                "batch_invariant asked for, but it needs float32 on CPU with the C++ kernels and no fp16 "
-                "quantization: a request's tokens may depend on its batch"
+                "batch invariance (batch_invariant, on by default) needs float32 or GGUF weights on CPU "
+                "with the C++ kernels; it is off here: a request's tokens may depend on its batch"
             )
         self.num_blocks = self._num_kv_blocks(model_config)
         self.kv_caches = self._allocate_kv_cache(model_config)
