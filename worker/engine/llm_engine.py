@@ -148,7 +148,7 @@ class LLMEngine:
                     self._finish(seq, *reason)
                     break
             # What the earlier run reported of these tokens is not reported again.
-            seq.num_emitted_tokens = len(seq.output_token_ids)
+            seq.num_emitted_tokens = seq.num_output_tokens
             seq.detokenizer.take_new_text(seq.is_finished)
             if seq.is_finished:  # it had ended, its end unwritten: it ends at the next step
                 self.finished_outside_step.append(self._output(request, [seq]))
@@ -352,7 +352,7 @@ class LLMEngine:
         stop = seq.detokenizer.add_token(token)
         if stop is not None:
             return "stop", stop
-        if len(seq.output_token_ids) >= params.max_tokens or seq.num_tokens >= self.max_model_len:
+        if seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= self.max_model_len:
             return "length", None
         return None
 

@@ -53,6 +53,10 @@ class Sequence:
         return self.token_ids[len(self.request.prompt_token_ids) :]
 
     @property
+    def num_output_tokens(self) -> int:  # not len(output_token_ids): a copy, per sequence and step
+        return len(self.token_ids) - len(self.request.prompt_token_ids)
+
+    @property
     def num_uncomputed_tokens(self) -> int:
         return self.num_tokens - self.num_computed_tokens
 
@@ -67,12 +71,12 @@ class Sequence:
 
     def take_output(self) -> CompletionOutput:
         """What this sample produced since it was last reported (``logprobs`` has one entry per token)."""
-        start, self.num_emitted_tokens = self.num_emitted_tokens, len(self.output_token_ids)
+        start, self.num_emitted_tokens = self.num_emitted_tokens, self.num_output_tokens
         wants_logprobs = self.request.params.logprobs is not None
         return CompletionOutput(
             index=self.index,
             text=self.detokenizer.take_new_text(self.is_finished),
-            token_ids=self.output_token_ids[start:],
+            token_ids=self.token_ids[len(self.request.prompt_token_ids) + start :],
             cumulative_logprob=self.cumulative_logprob if wants_logprobs else None,
             logprobs=self.logprobs[start:] if wants_logprobs else None,
             finish_reason=self.finish_reason,
