@@ -399,19 +399,19 @@ def report(results: list[dict[str, Any]]) -> str:
         for b, d in ours["decode"].items()
     ]
     largest = max(map(int, ours["decode"]))
-    profile = ours.get("decode_profile", {})
-    if profile:
+    if profile := ours.get("decode_profile"):
         lines += [
             "",
             f"Per decode step at batch {largest}, profiled: {profile['wall_ms']:.2f} ms of wall time, "
             f"{profile['device_ms']:.2f} ms of it the device's ops in all; the ops that took most time:",
             "",
+            "| op | calls | device ms | CPU ms |",
+            "| --- | ---: | ---: | ---: |",
         ]
-    lines += ["| op | calls | device ms | CPU ms |", "| --- | ---: | ---: | ---: |"]
-    lines += [
-        f"| {r['op'].replace('|', '/')} | {r['calls']} | {r['device_ms']:.2f} | {r['cpu_ms']:.2f} |"
-        for r in profile.get("ops", [])
-    ]
+        lines += [
+            f"| {r['op'].replace('|', '/')} | {r['calls']} | {r['device_ms']:.2f} | {r['cpu_ms']:.2f} |"
+            for r in profile["ops"]
+        ]
     return "\n".join([*lines, "", "Targets:", *targets(ours, results)])
 
 

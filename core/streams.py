@@ -57,34 +57,39 @@ def ended_ids(message: bytes) -> list[str]:
 
 def end_announcer(settings: Settings) -> Callable[[list[str]], None] | None:
     """Announces jobs whose end is committed (``ENDED_CHANNEL``); best effort, as waiters also poll."""
-    url = streams_url(settings)
-    if url is None:
-        return None
-    client = redis.Redis.from_url(url)
-
-    def announce(job_ids: list[str]) -> None:
-        try:
-            client.publish(ENDED_CHANNEL, ",".join(job_ids))
-        except redis.RedisError as error:
-            logger.warning("could not announce ended jobs", extra={"jobs": len(job_ids), "error": str(error)})
-
-    return announce
+    return _on_jobs(
+        settings,
+        lambda client, job_ids: client.publish(ENDED_CHANNEL, ",".join(job_ids)),
+        "could not announce ended jobs",
+    )
 
 
 def stream_dropper(settings: Settings) -> Callable[[list[str]], None] | None:
     """Deletes jobs' streams (retention, ``DELETE``); best effort, as a stream expires within the hour."""
+    return _on_jobs(
+        settings,
+        lambda client, job_ids: client.delete(*(stream_key(job_id) for job_id in job_ids)),
+        "could not delete job streams",
+    )
+
+
+def _on_jobs(
+    settings: Settings, command: Callable[[redis.Redis, list[str]], object], failure: str
+) -> Callable[[list[str]], None] | None:
+    """``command`` for a list of job ids on a client of the streams' Redis, a failure logged as ``failure``
+    and not raised; None without Redis."""
     url = streams_url(settings)
     if url is None:
         return None
     client = redis.Redis.from_url(url)
 
-    def drop(job_ids: list[str]) -> None:
+    def run(job_ids: list[str]) -> None:
         try:
-            client.delete(*(stream_key(job_id) for job_id in job_ids))
+            command(client, job_ids)
         except redis.RedisError as error:
-            logger.warning("could not delete job streams", extra={"jobs": len(job_ids), "error": str(error)})
+            logger.warning(failure, extra={"jobs": len(job_ids), "error": str(error)})
 
-    return drop
+    return run
 
 
 @dataclass(frozen=True)

@@ -50,11 +50,15 @@ class Sequence:
 
     @property
     def output_token_ids(self) -> list[int]:
-        return self.token_ids[len(self.request.prompt_token_ids) :]
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.request.prompt_token_ids)
 
     @property
     def num_output_tokens(self) -> int:  # not len(output_token_ids): a copy, per sequence and step
-        return len(self.token_ids) - len(self.request.prompt_token_ids)
+        return len(self.token_ids) - self.num_prompt_tokens
 
     @property
     def num_uncomputed_tokens(self) -> int:
@@ -76,7 +80,7 @@ class Sequence:
         return CompletionOutput(
             index=self.index,
             text=self.detokenizer.take_new_text(self.is_finished),
-            token_ids=self.token_ids[len(self.request.prompt_token_ids) + start :],
+            token_ids=self.token_ids[self.num_prompt_tokens + start :],
             cumulative_logprob=self.cumulative_logprob if wants_logprobs else None,
             logprobs=self.logprobs[start:] if wants_logprobs else None,
             finish_reason=self.finish_reason,
