@@ -1,8 +1,10 @@
 """Database connections: one SQLAlchemy engine per process, tuned per backend."""
 
+import select
 from typing import Any
 
 from sqlalchemy import Connection, Engine, create_engine, event
+from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.orm import Session, sessionmaker
 
 from core.settings import Settings
@@ -24,7 +26,26 @@ def make_db_engine(settings: Settings, connections: int | None = None) -> Engine
     pool = sized or {"pool_size": 10, "max_overflow": 20}
     # Last in, first out: the connection used last is taken again, so what it prepared (psycopg prepares a
     # statement on its fifth run on a connection) serves the next use, not a round robin's later turn.
-    return create_engine(url, pool_pre_ping=True, pool_use_lifo=True, hide_parameters=True, **pool)
+    engine = create_engine(url, pool_use_lifo=True, hide_parameters=True, **pool)
+    event.listen(engine, "checkout", _discard_if_closed)
+    return engine
+
+
+def _discard_if_closed(dbapi_connection: Any, _record: Any, _proxy: Any) -> None:
+    """A pooled connection the server has closed (restarted, or its backend terminated) is replaced as it
+    is taken: its socket then reads as ready (the end of the stream, or the server's last error), which a
+    look at it without waiting finds. This stands for ``pool_pre_ping``, whose ``SELECT 1`` cost every
+    transaction a round trip (0.1-0.5 ms here, on a claim or a submission's write of 1-3 ms) and
+    PostgreSQL a wakeup (bench/RESULTS.md, 2026-11-27). A connection that fails later, mid-use, fails its
+    caller as before."""
+    if dbapi_connection.closed or _readable(dbapi_connection.fileno()):
+        raise DisconnectionError("the database closed this pooled connection")
+
+
+def _readable(fd: int) -> bool:
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(0))
 
 
 def _sqlite_pragmas(connection: Any, _record: Any) -> None:
