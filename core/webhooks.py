@@ -17,7 +17,7 @@ from typing import Any, Literal, get_args
 
 from celery import Celery
 from pydantic import HttpUrl, TypeAdapter, ValidationError
-from sqlalchemy import func, select
+from sqlalchemy import ColumnElement, func, select
 from sqlalchemy.orm import Session
 
 from core.models import Batch, Job, WebhookDelivery, new_delivery_id, time_ordered_id
@@ -158,6 +158,13 @@ class Outbox:
         self, session: Session, event_type: str, *, job: Job | None = None, batch: Batch | None = None
     ) -> list[str]:
         return record_event(session, self.settings, event_type, job=job, batch=batch)
+
+    def jobs_heard(self) -> tuple[ColumnElement[bool], ...]:
+        """Where-clauses of the jobs whose events some endpoint may hear (``record_event``'s rule): not a
+        batch's lines, and without a global endpoint only jobs with a URL of their own. A writer that ends
+        jobs loads only those: a batch's step ends a few lines each time."""
+        heard = Job.batch_id.is_(None)
+        return (heard,) if self.settings.webhook_url else (heard, Job.webhook_url.is_not(None))
 
     def publish(self, delivery_ids: list[str]) -> None:
         publish_deliveries(self.celery, delivery_ids)

@@ -437,7 +437,7 @@ class JobStore:
         """Webhook deliveries for jobs that just ended, in the transaction that ended them."""
         if self.outbox is None or not ended:
             return []
-        jobs = session.scalars(select(Job).where(Job.id.in_(ended)))
+        jobs = session.scalars(select(Job).where(Job.id.in_(ended), *self.outbox.jobs_heard()))
         return [d for job in jobs for d in self.outbox.record(session, f"job.{job.status}", job=job)]
 
     def _publish(self, deliveries: list[str]) -> None:

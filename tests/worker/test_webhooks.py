@@ -439,19 +439,25 @@ def test_a_duplicate_message_never_sends_an_event_twice(settings, receiver, db):
     assert delivery.status == "delivered" and len(delivery.attempts) == 1
 
 
+class Published:
+    """Celery's place in an ``Outbox``: keeps the delivery ids the store publishes."""
+
+    def __init__(self) -> None:
+        self.ids: list[str] = []
+
+    def send_task(self, name: str, args: list[str], **options: object) -> None:
+        self.ids.extend(args)
+
+
 def db_deliveries(db: Database, job_id: str) -> list[WebhookDelivery]:
     with db.sessions() as session:
         return list(session.scalars(select(WebhookDelivery).where(WebhookDelivery.job_id == job_id)))
 
 
 def test_the_worker_records_an_event_only_for_the_write_that_ends_the_job(settings, db, receiver):
-    published: list[str] = []
-
-    class Broker:
-        def send_task(self, name: str, args: list[str], **options: object) -> None:
-            published.extend(args)
-
-    store = JobStore(db.sessions, "tiny", Outbox(settings, Broker()))  # type: ignore[arg-type]
+    broker = Published()
+    published = broker.ids
+    store = JobStore(db.sessions, "tiny", Outbox(settings, broker))  # type: ignore[arg-type]
     with db.sessions.begin() as session:
         job = Job(model="tiny", prompt_token_ids=[1], params={}, webhook_url=receiver.url("/w"))
         orphan = Job(model="tiny", prompt_token_ids=[1], params={}, webhook_url=receiver.url("/w"))
@@ -473,6 +479,39 @@ def test_the_worker_records_an_event_only_for_the_write_that_ends_the_job(settin
     [cancelled] = db_deliveries(db, orphan.id)
     assert cancelled.event_type == "job.cancelled"
     assert published == [succeeded.id, cancelled.id]
+
+
+@pytest.mark.parametrize("global_endpoint", [False, True])
+def test_the_worker_announces_each_job_an_endpoint_hears_of_and_reads_no_other(
+    settings, db, receiver, global_endpoint
+):
+    """The write that ends jobs reads only those an endpoint may hear of (``Outbox.jobs_heard``): a job
+    with a URL of its own; with a global endpoint, every job."""
+    if global_endpoint:
+        settings = settings.model_copy(update={"webhook_url": receiver.url("/global")})
+    loaded: list[str] = []
+
+    class Listening(Outbox):
+        def record(self, session, event_type, *, job=None, batch=None):  # type: ignore[no-untyped-def]
+            loaded.append(job.id)
+            return super().record(session, event_type, job=job, batch=batch)
+
+    store = JobStore(db.sessions, "tiny", Listening(settings, Published()))  # type: ignore[arg-type]
+    with db.sessions.begin() as session:
+        own = Job(model="tiny", prompt_token_ids=[1], params={}, webhook_url=receiver.url("/own"))
+        bare = Job(model="tiny", prompt_token_ids=[1], params={})
+        session.add_all([own, bare])
+    runs = [store.claim(job.id, "w1") for job in (own, bare)]
+    store.write([Progress(run.id, run.attempt, "done", 1, status=JobStatus.SUCCEEDED) for run in runs])
+    urls = {job.id: sorted(d.url for d in db_deliveries(db, job.id)) for job in (own, bare)}
+    if global_endpoint:
+        assert sorted(loaded) == sorted([own.id, bare.id])
+        assert urls == {
+            own.id: sorted([receiver.url("/own"), receiver.url("/global")]),
+            bare.id: [receiver.url("/global")],
+        }
+    else:
+        assert loaded == [own.id] and urls == {own.id: [receiver.url("/own")], bare.id: []}
 
 
 def test_one_delivery_per_url_and_events_match_their_target(settings, db, receiver):
