@@ -78,6 +78,8 @@ class Settings(EngineSettings):
     # The worker's reliability loop.
     worker_concurrency: int | None = None  # jobs held at once; default: max_num_seqs
     flush_interval: float = 0.8  # partial output and cancellations: under a second apart
+    # a batch line's partial output, which only a resumed run reads; default: 6 x flush_interval
+    batch_flush_interval: float | None = None
     # nice increment of the worker's bookkeeping threads (flusher, streamer, watchers, reconciler, Celery
     # seats), so they do not preempt the engine's threads on a busy CPU; the heartbeat keeps 0
     bookkeeping_nice: int = Field(default=0, ge=0, le=19)
@@ -150,6 +152,10 @@ class Settings(EngineSettings):
     @property
     def heartbeat_period(self) -> float:
         return self.heartbeat_interval or self.heartbeat_timeout / 6
+
+    @property
+    def batch_flush_period(self) -> float:
+        return self.batch_flush_interval or 6 * self.flush_interval
 
     @model_validator(mode="after")
     def _heartbeats_within_the_timeout(self) -> "Settings":

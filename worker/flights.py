@@ -124,11 +124,12 @@ class Flights:
     # --- writes (the flusher) ---
 
     @contextmanager
-    def unwritten(self, clock: Clock, progress: bool = True) -> Iterator[list[Progress]]:
-        """Snapshots of the runs with something unwritten (``progress`` False: only of the runs that ended),
-        which count as written unless the body raises."""
+    def unwritten(self, clock: Clock, progress: bool = True, lines: bool = True) -> Iterator[list[Progress]]:
+        """Snapshots of the runs with something unwritten (``progress`` False: only of the runs that ended;
+        ``lines`` False: a batch's lines only when they ended), which count as written unless the body
+        raises."""
         with self._lock:
-            due = [f for f in self._flights.values() if f.dirty and (progress or f.final is not None)]
+            due = [f for f in self._flights.values() if f.dirty and _due(f, progress, lines)]
             snapshot = [f.progress(clock) for f in due]
             for f in due:
                 f.dirty = False
@@ -160,3 +161,7 @@ class Flights:
             flights = list(self._flights.values())
             self._flights.clear()
             return flights
+
+
+def _due(flight: Flight, progress: bool, lines: bool) -> bool:
+    return flight.final is not None or (progress and (lines or not flight.job.in_batch))

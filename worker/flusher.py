@@ -46,12 +46,17 @@ class Flusher:
     # Told the ids of the jobs whose end a round committed: requests waiting for them hear it at once
     # (core/streams.end_announcer); None without Redis.
     announce_ended: Callable[[list[str]], None] | None = None
+    # A batch's lines' progress: nobody reads it but a run that resumes them, and at a few hundred lines
+    # rewriting each every flush interval was most of PostgreSQL's work (bench/RESULTS.md, 2026-11-27).
+    # None: with every progress round.
+    lines_interval: float | None = None
 
     def __post_init__(self) -> None:
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="pagedq-flusher", daemon=True)
         self._failures = 0  # rounds failed in a row
         self._progress_at = -float("inf")  # when a round last wrote every run's progress (monotonic)
+        self._lines_at = -float("inf")  # when a round last wrote the batch lines' progress too
 
     def start(self) -> None:
         self._thread.start()
@@ -93,11 +98,14 @@ class Flusher:
             self.flights.wake.wait(self._next_round_in())
             self.flights.wake.clear()
             progress = time.monotonic() - self._progress_at >= self.flush_interval
+            lines = progress and time.monotonic() - self._lines_at >= (self.lines_interval or 0.0)
             try:
-                self._flush(progress)
+                self._flush(progress, lines)
                 if progress:
                     self._progress_at = time.monotonic()
                     self._poll_cancellations()
+                if lines:
+                    self._lines_at = self._progress_at
             except Exception as error:
                 self._failures += 1
                 failing_since = failing_since or time.monotonic()
@@ -145,8 +153,8 @@ class Flusher:
             },
         )
 
-    def _flush(self, progress: bool) -> None:
-        with self.flights.unwritten(self.clock, progress) as snapshot:
+    def _flush(self, progress: bool, lines: bool) -> None:
+        with self.flights.unwritten(self.clock, progress, lines) as snapshot:
             self._store(snapshot)
 
     def _store(self, snapshot: list[Progress]) -> None:

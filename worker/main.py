@@ -216,6 +216,7 @@ def engine_host(
         abort=loop.abort,
         connectivity=connectivity,
         announce_ended=end_announcer(settings),
+        lines_interval=settings.batch_flush_period,
     )
     period = settings.heartbeat_period
     store.held_prefixes = loop.held_prefixes  # the claim prefers them; the heartbeat publishes them

@@ -6,6 +6,7 @@ gives up what it still cannot write."""
 
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -237,6 +238,44 @@ def test_an_end_is_written_at_once_and_the_other_runs_progress_waits_for_the_flu
         flights.end(going_on, JobStatus.SUCCEEDED, finish_reason="stop")
         writer.stop()
     assert row(store, going_on.job.id).output_text == "Once upon"
+
+
+def test_a_batch_lines_progress_waits_for_its_own_interval_and_its_end_does_not(store, recorder, tmp_path):
+    """Nobody reads a batch line's partial output but a run that resumes it: its progress is written every
+    ``lines_interval``, a single job's every flush interval, and each end at once."""
+    health = WorkerHealth(tmp_path / "worker-status.json", refresh_every=1.0, worker_id="w1")
+    flights = Flights()
+    writer = Flusher(
+        flights,
+        store,
+        Drain(write_grace=0.5),
+        health,
+        "w1",
+        0.05,
+        0.2,
+        recorder.publish,
+        recorder.aborted.append,
+        lines_interval=600.0,
+    )
+    job = claimed(store, flights)
+    line = claimed(store, flights)
+    line.job = replace(line.job, in_batch=True)
+    for run in (job, line):
+        produce(flights, run, "Once")
+    writer.start()  # its first round writes every run's progress, the lines' too; theirs is next due in 600 s
+    try:
+        wait_for(lambda: row(store, line.job.id).output_text == "Once", 10, "the first progress")
+        for run in (job, line):
+            produce(flights, run, " upon")
+        wait_for(lambda: row(store, job.job.id).output_text == "Once upon", 10, "the job's next progress")
+        assert row(store, line.job.id).output_text == "Once" and line.dirty
+        produce(flights, line, " a time")
+        flights.end(line, JobStatus.SUCCEEDED, finish_reason="length")
+        assert line.done.wait(10), "a line's end waited for its progress interval"
+        assert row(store, line.job.id).output_text == "Once upon a time"
+    finally:
+        flights.end(job, JobStatus.SUCCEEDED, finish_reason="stop")
+        writer.stop()
 
 
 def test_a_drain_deadline_sooner_than_the_flush_interval_is_waited_for_not_slept_past() -> None:
