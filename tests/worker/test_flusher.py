@@ -8,6 +8,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import update
@@ -207,22 +208,30 @@ def test_a_claimed_run_says_when_it_started_before_the_engine_has_produced_anyth
     assert after.token_times_ms[0] >= 0
 
 
-def test_an_end_is_written_at_once_and_the_other_runs_progress_waits_for_the_flush_interval(
-    store, recorder, tmp_path
-):
+def unstarted(
+    store: JobStore, recorder: Recorder, tmp_path: Path, flush_interval: float, **fields: Any
+) -> Flusher:
+    """A flusher of its own flights, not started: the test sets its runs up before the first round."""
     health = WorkerHealth(tmp_path / "worker-status.json", refresh_every=1.0, worker_id="w1")
-    flights = Flights()
-    writer = Flusher(
-        flights,
+    return Flusher(
+        Flights(),
         store,
         Drain(write_grace=0.5),
         health,
         "w1",
-        600.0,
+        flush_interval,
         0.2,
         recorder.publish,
         recorder.aborted.append,
+        **fields,
     )
+
+
+def test_an_end_is_written_at_once_and_the_other_runs_progress_waits_for_the_flush_interval(
+    store, recorder, tmp_path
+):
+    writer = unstarted(store, recorder, tmp_path, flush_interval=600.0)
+    flights = writer.flights
     ending, going_on = claimed(store, flights), claimed(store, flights)
     produce(flights, going_on, "Once")
     writer.start()  # its first round writes every run's progress; the next is due in 600 s
@@ -243,20 +252,8 @@ def test_an_end_is_written_at_once_and_the_other_runs_progress_waits_for_the_flu
 def test_a_batch_lines_progress_waits_for_its_own_interval_and_its_end_does_not(store, recorder, tmp_path):
     """Nobody reads a batch line's partial output but a run that resumes it: its progress is written every
     ``lines_interval``, a single job's every flush interval, and each end at once."""
-    health = WorkerHealth(tmp_path / "worker-status.json", refresh_every=1.0, worker_id="w1")
-    flights = Flights()
-    writer = Flusher(
-        flights,
-        store,
-        Drain(write_grace=0.5),
-        health,
-        "w1",
-        0.05,
-        0.2,
-        recorder.publish,
-        recorder.aborted.append,
-        lines_interval=600.0,
-    )
+    writer = unstarted(store, recorder, tmp_path, flush_interval=0.05, lines_interval=600.0)
+    flights = writer.flights
     job = claimed(store, flights)
     line = claimed(store, flights)
     line.job = replace(line.job, in_batch=True)
