@@ -97,8 +97,9 @@ class Flusher:
         while not (self._stopping.is_set() and not self.flights):
             self.flights.wake.wait(self._next_round_in())
             self.flights.wake.clear()
-            progress = time.monotonic() - self._progress_at >= self.flush_interval
-            lines = progress and time.monotonic() - self._lines_at >= (self.lines_interval or 0.0)
+            now = time.monotonic()
+            progress = now - self._progress_at >= self.flush_interval
+            lines = progress and now - self._lines_at >= (self.lines_interval or 0.0)
             try:
                 self._flush(progress, lines)
                 if progress:
