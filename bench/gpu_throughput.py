@@ -197,7 +197,7 @@ def decode_steps(
         # budget), while the first prefilled already decode: each request gets tokens enough to be still
         # decoding when the last one starts.
         prefill_steps = 2 * -(-batch * sizes.decode_context // engine.config.max_num_batched_tokens)
-        max_tokens = WARM_TOKENS + prefill_steps + sizes.decode_steps + PROFILED + 1
+        max_tokens = WARM_TOKENS + prefill_steps + sizes.decode_steps + 2 * PROFILED + 1
         for request in requests:
             ids = [rng.randrange(engine.model_config.vocab_size) for _ in range(sizes.decode_context)]
             engine.add_request(request, ids, greedy(max_tokens))
@@ -253,7 +253,32 @@ def profile_steps(engine: Any) -> dict[str, Any]:
         for e in prof.key_averages()
     ]
     top = sorted(rows, key=lambda r: (r["device_ms"], r["cpu_ms"]), reverse=True)[:PROFILE_ROWS]
-    return {"wall_ms": wall_ms, "device_ms": sum(r["device_ms"] for r in rows), "ops": top}
+    device_ms = sum(r["device_ms"] for r in rows)
+    return {"wall_ms": wall_ms, "device_ms": device_ms, "ops": top} | host_time(engine)
+
+
+def host_time(engine: Any) -> dict[str, Any]:
+    """Over PROFILED more decode steps under cProfile: the Python functions the host spent most of a step
+    in (own time), so that a step the device waits for says which of its host parts to move or fuse."""
+    import cProfile
+    import pstats
+
+    profiler = cProfile.Profile()
+    start = time.perf_counter()
+    profiler.runcall(lambda: [engine.step() for _ in range(PROFILED)])
+    wall_ms = 1e3 * (time.perf_counter() - start) / PROFILED
+    stats = pstats.Stats(profiler).stats  # type: ignore[attr-defined]
+    rows = [
+        {
+            "function": f"{Path(file).name}:{line} {name}"[:70],
+            "calls": calls // PROFILED,
+            "own_ms": 1e3 * own / PROFILED,
+            "cumulative_ms": 1e3 * cumulative / PROFILED,
+        }
+        for (file, line, name), (_, calls, own, cumulative, _) in stats.items()
+    ]
+    top = sorted(rows, key=lambda r: r["own_ms"], reverse=True)[:PROFILE_ROWS]
+    return {"host_wall_ms": wall_ms, "host": top}
 
 
 # --- transformers ---
@@ -411,6 +436,19 @@ def report(results: list[dict[str, Any]]) -> str:
         lines += [
             f"| {r['op'].replace('|', '/')} | {r['calls']} | {r['device_ms']:.2f} | {r['cpu_ms']:.2f} |"
             for r in profile["ops"]
+        ]
+        lines += [
+            "",
+            f"The same steps under cProfile ({profile['host_wall_ms']:.2f} ms a step with its overhead): "
+            "the host's functions by own time:",
+            "",
+            "| function | calls | own ms | cumulative ms |",
+            "| --- | ---: | ---: | ---: |",
+        ]
+        lines += [
+            f"| {r['function'].replace('|', '/')} | {r['calls']} | {r['own_ms']:.2f} "
+            f"| {r['cumulative_ms']:.2f} |"
+            for r in profile["host"]
         ]
     return "\n".join([*lines, "", "Targets:", *targets(ours, results)])
 
