@@ -31,9 +31,9 @@ from api.overview import router as overview
 from api.served_models import Locate, ServedModels, source_dir
 from api.usage import router as usage
 from api.webhooks import router as webhooks
+from contract.heap import freeze_startup_heap
 from core import keys
 from core.db import make_db_engine, make_sessionmaker
-from core.heap import freeze_startup_heap
 from core.purge import Purger
 from core.queue import make_celery
 from core.settings import Settings

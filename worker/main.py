@@ -19,7 +19,7 @@ from celery.signals import worker_init, worker_ready, worker_shutting_down
 from celery.worker import WorkController
 
 from contract.engine import EngineConfig
-from core.heap import freeze_startup_heap
+from contract.heap import freeze_startup_heap
 from core.purge import Purger
 from core.queue import PROBE_QUEUE_TASK, RUN_JOB_TASK, make_celery, publish_jobs, publish_probe, queue_name
 from core.served_models import ModelEntry, default_model, model_named

@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 from api.batches.lines import BatchModel, LineError, read_lines
 from api.prompts.encoder import ContextExceeded, PromptEncoder, PromptError
 from contract.engine import EngineConfig
-from core.heap import freeze_startup_heap
+from contract.heap import freeze_startup_heap
 
 logger = logging.getLogger(__name__)
 SLICE_LINES = 2048

@@ -14,6 +14,7 @@ from contract.engine import (
     EngineConfig,
     default_quantization,
 )
+from contract.heap import heap_frozen
 from contract.pooling import EmbeddingParams
 from contract.sampling import SamplingParams
 from contract.sampling_defaults import generation_defaults, with_model_defaults
@@ -74,7 +75,8 @@ class LLM:
         request_ids = [str(next(self._ids)) for _ in prompts]
         for i, (request_id, prompt) in enumerate(zip(request_ids, prompts, strict=True)):
             engine.add_request(request_id, prompt, params[i], priority[i] if priority else 0)
-        results = self._run(engine, len(prompts), use_tqdm)
+        with heap_frozen():  # else a full collection of torch's heap stalls a step every few dozen
+            results = self._run(engine, len(prompts), use_tqdm)
         return [results[request_id] for request_id in request_ids]
 
     def embed(
@@ -88,7 +90,7 @@ class LLM:
             raise ValueError("no inputs to embed")
         request_ids = self._add_inputs(engine, inputs, params)
         results: dict[str, EmbeddingOutput] = {}
-        with tqdm(total=len(inputs), desc="inputs", unit="in", disable=not use_tqdm) as bar:
+        with heap_frozen(), tqdm(total=len(inputs), desc="inputs", unit="in", disable=not use_tqdm) as bar:
             while engine.has_unfinished_requests():
                 for output in engine.step():
                     results[output.request_id] = output
