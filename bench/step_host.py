@@ -33,8 +33,11 @@ REPO = Path(__file__).resolve().parents[1]
 PARTS = ("forward", "sample", "host")
 
 
+GENERATE_PROMPT = 16  # tokens of each prompt of the generate part
+
+
 def measure(batch: int, steps: int, context: int, generate_tokens: int) -> dict[str, float]:
-    """Median µs per row of each part of ``steps`` decode steps at ``batch`` rows."""
+    """A tiny Llama's decode steps at ``batch`` rows (``decode_parts``), then its ``generate``."""
     from tests.support.tiny_models import make_tiny_model
     from worker.engine.llm import LLM
 
@@ -44,19 +47,27 @@ def measure(batch: int, steps: int, context: int, generate_tokens: int) -> dict[
             str(path),
             max_num_seqs=batch,
             max_num_batched_tokens=batch * context,
-            max_model_len=max(context + steps, 16 + generate_tokens) + 64,
+            max_model_len=max(context + steps, GENERATE_PROMPT + generate_tokens) + 64,
             quantization="none",
         )
-    engine, rng = llm.engine, random.Random(0)
-    spent = {"forward": 0.0, "sample": 0.0}
+    return decode_parts(llm.engine, batch, steps, context) | generate(llm, batch, generate_tokens)
+
+
+def decode_parts(engine: Any, batch: int, steps: int, context: int) -> dict[str, float]:
+    """Median µs per row of each part of ``steps`` decode steps at ``batch`` rows of ``context`` tokens;
+    the engine is left empty."""
+    from contract.sampling import SamplingParams
+
+    rng, spent = random.Random(0), {"forward": 0.0, "sample": 0.0}
     model = engine.runner.model
     model.forward = _timed(model.forward, spent, "forward")
     model.compute_logits = _timed(model.compute_logits, spent, "forward")
     engine.sampler = _timed(engine.sampler, spent, "sample")
-    params = llm.sampling_params(temperature=0, ignore_eos=True, max_tokens=steps + 8)
+    params = SamplingParams(temperature=0, ignore_eos=True, max_tokens=steps + 8)
     for i in range(batch):
-        ids = [rng.randrange(3, engine.model_config.vocab_size) for _ in range(context)]
-        engine.add_request(f"r{i}", ids, params)
+        engine.add_request(
+            f"r{i}", [rng.randrange(3, engine.model_config.vocab_size) for _ in range(context)], params
+        )
     while sum(1 for seq in engine.scheduler.running if seq.num_uncomputed_tokens == 1) < batch:
         engine.step()
     engine.step()  # the last prefill's first decode
@@ -76,9 +87,7 @@ def measure(batch: int, steps: int, context: int, generate_tokens: int) -> dict[
         engine.abort(request)
     while engine.has_unfinished_requests():
         engine.step()
-    return {part: statistics.median(values) for part, values in rows.items()} | generate(
-        llm, batch, generate_tokens
-    )
+    return {part: statistics.median(values) for part, values in rows.items()}
 
 
 def generate(llm: Any, batch: int, tokens: int) -> dict[str, float]:
@@ -86,7 +95,7 @@ def generate(llm: Any, batch: int, tokens: int) -> dict[str, float]:
     and whatever the library does around them) and the seconds the garbage collector's full collections
     took within it (they stop the step that sets them off)."""
     rng, vocab = random.Random(1), llm.engine.model_config.vocab_size
-    prompts = [[rng.randrange(3, vocab) for _ in range(16)] for _ in range(4 * batch)]
+    prompts = [[rng.randrange(3, vocab) for _ in range(GENERATE_PROMPT)] for _ in range(4 * batch)]
     params = llm.sampling_params(temperature=0, ignore_eos=True, max_tokens=tokens)
     full, started = [0.0], [0.0]
 
