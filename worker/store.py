@@ -204,6 +204,9 @@ def prefix_holders(model: str) -> CompoundSelect:
     running = select(Job.prefix_key, here.label("here"), cast(null(), JSONType).label("published"))
     # Not every row this worker ran: its ended jobs are its history, which grows (its cache is ``cached``).
     running = running.where(Job.model == model, or_(Job.status == JobStatus.RUNNING, Job.id.in_(SKIP)))
+    # Each key once: a batch's running lines share a few keys, and a row per running job (256 at a
+    # time) was most of a claim's time in Python (bench/RESULTS.md, 2026-11-28).
+    running = running.where(Job.prefix_key.is_not(None)).distinct()
     others = Worker.model == model, Worker.id != bindparam("worker_id")
     published = select(cast(null(), BigInteger), false(), Worker.prefix_keys).where(*others)
     return union_all(running, published)

@@ -21,7 +21,7 @@ from core.states import JobStatus
 from migrations import upgrade
 from tests.support.roles import MODEL
 from worker.fair import Prefixes, fair_order, fairest, skipping
-from worker.store import JobStore
+from worker.store import JobStore, prefix_holders, prefixes_held
 
 AGING = 30.0
 
@@ -231,6 +231,26 @@ def walk(node: dict) -> Iterator[dict]:
     yield node
     for child in node.get("Plans", []):
         yield from walk(child)
+
+
+@pytest.mark.parametrize("dialect", ["postgresql", "sqlite"])
+def test_the_prefixes_held_are_read_once_per_key_not_once_per_running_job(request, dialect):
+    """A claim reads who holds which prefix: 200 running lines of three keys (and some of none), here and
+    on another worker, come back as each key once per side, with the other worker's published keys."""
+    store = request.getfixturevalue("store" if dialect == "postgresql" else "sqlite_store")
+    now = utcnow()
+    with store.sessions.begin() as session:
+        running = [job(None, 10, now, None, (1, 2, 3, None)[i % 4]) for i in range(200)]
+        for i, line in enumerate(running):
+            line.status, line.worker_id = JobStatus.RUNNING, "w-here" if i % 3 else "w-other"
+        session.add_all(running)
+    store.heartbeat("w-other", {}, prefix_keys=[7])
+    with store.sessions() as session:
+        params = skipping(set()) | {"worker_id": "w-here"}
+        rows = session.execute(prefix_holders(MODEL), params).all()
+        held = prefixes_held(session.connection(), MODEL, set(), "w-here", frozenset({9}))
+    assert len(rows) == 3 + 3 + 1, rows  # keys 1-3 here, 1-3 elsewhere, the other worker's heartbeat
+    assert held == Prefixes(frozenset({1, 2, 3, 9}), frozenset({7}))
 
 
 @pytest.mark.parametrize("dialect", ["postgresql", "sqlite"])
