@@ -13,7 +13,7 @@ from celery.utils.nodenames import anon_nodename
 from kombu.entity import PERSISTENT_DELIVERY_MODE
 from kombu.utils.uuid import uuid
 
-from core import file_broker
+from core import file_broker, redis_broker
 from core.settings import Settings
 
 RUN_JOB_TASK = "pagedq.run_job"
@@ -93,7 +93,10 @@ def _broker_conf(settings: Settings) -> dict[str, Any]:
         "priority_steps": list(range(CELERY_PRIORITIES)),
         "sep": ":",
     }
-    return {"broker_url": url, "broker_transport_options": options}
+    conf = {"broker_url": url, "broker_transport_options": options}
+    if url.split("://", 1)[0] == redis_broker.SCHEME:
+        conf["broker_transport"] = redis_broker.TRANSPORT
+    return conf
 
 
 def publish_probe(app: Celery, queue: str, step: int, published_before: str) -> None:
