@@ -197,9 +197,9 @@ def claim_statement(job_id: str, worker_id: str, served_by: Any, retry: bool, fi
 
 @cache
 def prefix_holders(model: str) -> CompoundSelect:
-    """One read for step 5's ``Prefixes``: the prefix key of each job of ``model`` running or in ``skip``
-    (bound; ``here``: run by this worker or in it), then each other worker's published keys (``worker_id``
-    bound: this one's)."""
+    """One read for step 5's ``Prefixes``: the prefix keys of the jobs of ``model`` running or in ``skip``
+    (bound), each once with ``here`` (run by this worker or in ``skip``) and once without, then each other
+    worker's published keys (``worker_id`` bound: this one's)."""
     here = or_(Job.worker_id == bindparam("worker_id"), Job.id.in_(SKIP))
     running = select(Job.prefix_key, here.label("here"), cast(null(), JSONType).label("published"))
     # Not every row this worker ran: its ended jobs are its history, which grows (its cache is ``cached``).
