@@ -49,8 +49,8 @@ def embedded_settings(tiny_llama: Path, tmp_path: Path) -> Settings:
 
 
 def test_pagedq_up_runs_jobs_on_sqlite_and_they_survive_a_restart(tiny_llama: Path, tmp_path: Path) -> None:
-    # No grace: the tiny model's 1,000 tokens can end within any grace on a fast CPU, and then there is no
-    # running job for the restart to take over.
+    # No grace, and 16 long jobs at once: alone, the tiny model's 1,000 tokens take ~0.3 s on a fast CPU,
+    # about what it takes to see its first tokens and stop, and then no job runs for the restart to take over.
     settings = embedded_settings(tiny_llama, tmp_path).model_copy(update={"shutdown_grace": 0.0})
     process, client = start_up(settings, tmp_path / "up1.log")
     try:
@@ -61,11 +61,12 @@ def test_pagedq_up_runs_jobs_on_sqlite_and_they_survive_a_restart(tiny_llama: Pa
         ).json()
         assert quick["status"] == "succeeded", quick
         assert quick["usage"]["completion_tokens"] == len(quick["timings"]["token_times_ms"]) == 8
-        long = client.post("/v1/jobs", json={"prompt": "hi", "max_tokens": 1000, "ignore_eos": True}).json()
+        body = {"prompt": "hi", "max_tokens": 1000, "ignore_eos": True}
+        longs = [client.post("/v1/jobs", json=body).json()["id"] for _ in range(16)]
         wait_for(
-            lambda: client.get(f"/v1/jobs/{long['id']}").json()["usage"]["completion_tokens"] > 0,
+            lambda: client.get(f"/v1/jobs/{longs[-1]}").json()["usage"]["completion_tokens"] > 0,
             60,
-            "the long job to be running",
+            "the long jobs to be running",
         )
     finally:
         process.signal(signal.SIGTERM)
@@ -77,16 +78,16 @@ def test_pagedq_up_runs_jobs_on_sqlite_and_they_survive_a_restart(tiny_llama: Pa
     try:
         assert client.get(f"/v1/jobs/{quick['id']}").json()["output"] == quick["output"]
         wait_for(
-            lambda: client.get(f"/v1/jobs/{long['id']}").json()["status"] == "succeeded",
+            lambda: all(client.get(f"/v1/jobs/{i}").json()["status"] == "succeeded" for i in longs),
             120,
-            "the requeued job to run again and finish",
+            "the requeued jobs to run again and finish",
         )
-        final = client.get(f"/v1/jobs/{long['id']}").json()
+        final = client.get(f"/v1/jobs/{longs[-1]}").json()
         assert final["attempt"] == 2 and final["usage"]["completion_tokens"] == 1000
         # it went on from the tokens flushed before the restart, and ended as one run would have
         assert 0 < final["runs"][-1]["resumed_from_token"] < 1000
         assert len(final["timings"]["token_times_ms"]) == 1000
-        manifest = client.get(f"/v1/jobs/{long['id']}/manifest").json()
+        manifest = client.get(f"/v1/jobs/{longs[-1]}/manifest").json()
         llm = LLM(str(tiny_llama), device="cpu", dtype="float32", kv_cache_bytes=64 * 2**20)
         [whole] = llm.generate([manifest["prompt_token_ids"]], SamplingParams(**manifest["params"]))
         assert manifest["output_token_ids"] == [whole.outputs[0].token_ids]
