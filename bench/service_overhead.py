@@ -69,6 +69,7 @@ from bench.stack import Shared, service_stack  # noqa: E402
 from contract.engine import DEFAULT_MODEL  # noqa: E402
 from core.queue import queue_name  # noqa: E402
 from core.settings import Settings  # noqa: E402
+from core.states import BATCH_TERMINAL  # noqa: E402
 from worker.engine import LLM, SamplingParams  # noqa: E402
 
 ADMIN_URL = os.environ.get("PAGEDQ_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres")
@@ -77,7 +78,7 @@ TARGET_ACCEPTED_PER_S, TARGET_P50_MS, TARGET_BATCH_LINES_PER_S = 1500.0, 50.0, 1
 TARGET_BATCH_VS_GENERATE = 0.9
 TARGET_ADDED_TTFT_MS, TARGET_ADDED_ITL_MS = 10.0, 1.0
 TARGET_HEALTHZ_P99_MS = 50.0
-BATCH_ENDED, BATCH_POLL_S = ("completed", "failed", "expired", "cancelled"), 0.25
+BATCH_POLL_S = 0.25
 DOCUMENT = "The committee met on Tuesday to review the budget, the hiring plan and the new office lease."
 
 
@@ -381,7 +382,7 @@ def batch_end_to_end(url: str, docs: int, max_tokens: int, round_: int) -> float
         start = time.monotonic()
         batch = create_batch(client, batch_file(docs, max_tokens, round_))
         query = "SELECT status FROM batches WHERE id = %s"
-        while db.execute(query, (batch["id"],)).fetchone()[0] not in BATCH_ENDED:
+        while db.execute(query, (batch["id"],)).fetchone()[0] not in BATCH_TERMINAL:
             time.sleep(BATCH_POLL_S)
         elapsed = time.monotonic() - start
         batch = client.get(f"/v1/batches/{batch['id']}").json()
