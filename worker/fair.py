@@ -23,7 +23,8 @@ priority and the deadline only grow with queued_at, the owner's running jobs are
 fairest job is the fairest of the groups' first rows. ``ix_jobs_fair_heads`` holds the queued jobs in
 exactly that order; the pick walks it group to group (a recursive skip scan, one index probe per group),
 takes each group's first row, and orders those few by the rule above; step 5 then probes the fairest
-row's batch for a line whose key this worker holds (``ix_jobs_queued_prefix``, a probe per key). The cost is
+row's batch for a line whose key this worker holds (``ix_jobs_queued_prefix``, a probe per key), when it
+has one: the same statement says whether the fairest row was submitted with others (``shared``). The cost is
 per group (owners x priorities x windows in the queue), not per queued job. SQLite (the embedded mode) does
 the same through ``ix_jobs_fair_heads_lite`` and ``ix_jobs_queued_prefix_lite`` (``_lite_heads``,
 ``lite_probes``), with correlated subqueries where it has no LATERAL.
@@ -46,6 +47,7 @@ from sqlalchemy import (
     bindparam,
     case,
     cast,
+    exists,
     extract,
     func,
     literal,
@@ -137,11 +139,12 @@ def skipping(skip: Collection[str]) -> dict[str, list[str]]:
 @cache
 def fairest(
     model: str, aging: float, dialect: str
-) -> Select[tuple[str, int | None, str | None, int, datetime | None, datetime]]:
+) -> Select[tuple[str, int | None, str | None, int, datetime | None, datetime, bool]]:
     """The fairest queued job of ``model`` but those in ``skip`` (bound: ``skipping``; steps 1-4
     and 6, no prefix preference), with what ``Submitted`` needs, through the groups' heads of
-    ``dialect`` (PostgreSQL's or SQLite's). Step 2's count is read in the same statement: each key's jobs
-    running on the model or in ``skip`` (being claimed here)."""
+    ``dialect`` (PostgreSQL's or SQLite's), and ``shared``: whether other queued jobs (not in ``skip``)
+    were submitted with it, among which step 5 may choose. Step 2's count is read in the same statement:
+    each key's jobs running on the model or in ``skip`` (being claimed here)."""
     queued = [*_queued(model, ()), Job.id.not_in(SKIP)]
     candidates = (_lite_heads if dialect == "sqlite" else _heads)(model, queued)
     owner = func.coalesce(Job.key_id, "")
@@ -149,9 +152,15 @@ def fairest(
     held = select(owner.label("owner"), func.count().label("n")).where(Job.model == model, held_here)
     held = held.group_by(owner).subquery("held")
     order = _steps_1_to_4(func.coalesce(held.c.n, 0), aging)
+    group = lite_group(Job) if dialect == "sqlite" else GROUP
     columns = (Job.id, Job.prefix_key, Job.key_id, Job.priority, Job.deadline_at, Job.queued_at)
-    statement = select(*columns).outerjoin(held, held.c.owner == owner).where(Job.id.in_(candidates))
-    return statement.order_by(*order, Job.id).limit(1)
+    named = (*columns, *(c.label(f"g{i}") for i, c in enumerate(group)))
+    best = select(*named).outerjoin(held, held.c.owner == owner).where(Job.id.in_(candidates))
+    best = best.order_by(*order, Job.id).limit(1).subquery("best")
+    # Its group's rows at its queued_at but itself: a probe of the groups' index, as step 5's probes are.
+    same = (c == best.c[f"g{i}"] for i, c in enumerate(group))
+    mates = select(Job.id).where(*queued, *same, Job.queued_at == best.c.queued_at, Job.id != best.c.id)
+    return select(*(best.c[c.key] for c in columns), exists(mates).label("shared"))
 
 
 @dataclass(frozen=True)

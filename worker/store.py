@@ -291,7 +291,8 @@ class JobStore:
         a spare ticket); without, its own. Jobs being claimed count as their key's running ones, so threads
         claiming at once share too. With prefix-aware order, among the rows submitted with the fairest
         job: one whose prefix this worker holds, else one that no other worker holds (``worker_id``: this
-        worker's row, whose published keys are not another's)."""
+        worker's row, whose published keys are not another's); a job submitted alone (most that are not a
+        batch's lines) has none, and its pick reads no prefixes."""
         if self.fair_aging is None:
             return job_id
         with self.sessions() as session, self._picks:
@@ -328,9 +329,9 @@ class JobStore:
         dialect = connection.dialect.name
         statement = fairest(self.model, self.fair_aging, dialect)
         best = connection.execute(statement, skipping(skip)).one_or_none()
-        if best is None or not self.prefix_aware:
+        if best is None or not self.prefix_aware or not best.shared:  # step 5 has nothing to choose among
             return None if best is None else best.id  # type: ignore[no-any-return]
-        submitted = Submitted(self.model, skip, *best[2:], dialect)
+        submitted = Submitted(self.model, skip, *best[2:6], dialect)
         return _preferred(
             connection,
             submitted,

@@ -160,6 +160,38 @@ def test_a_batch_runs_prefix_by_prefix_those_held_here_first(store):
 
 
 @pytest.mark.parametrize("dialect", ["postgresql", "sqlite"])
+def test_a_job_submitted_alone_is_picked_in_one_statement_lines_submitted_together_read_the_prefixes(
+    request, dialect
+):
+    """Step 5 chooses among the jobs submitted with the fairest one: a job submitted alone (or whose
+    fellows are being claimed here) leaves it nothing to choose, and its pick reads no prefixes held (a
+    statement of each claim, most online jobs'); lines submitted together still read them, and the line
+    whose prefix this worker holds comes first."""
+    store = request.getfixturevalue("store" if dialect == "postgresql" else "sqlite_store")
+    store.prefix_aware = True
+    statements: list[str] = []
+    event.listen(store.sessions.kw["bind"], "before_cursor_execute", lambda *args: statements.append(args[2]))
+    now, held_key = utcnow(), 5
+    with store.sessions.begin() as session:
+        alone = job(None, 0, now - timedelta(minutes=2), None, held_key)
+        lines = [job(None, 0, now - timedelta(minutes=1), None, key) for key in (1, 2, held_key)]
+        running = job(None, 0, now, None, held_key)
+        running.status, running.worker_id = JobStatus.RUNNING, "w"
+        session.add_all([alone, *lines, running])
+
+    def pick(skip: set[str]) -> tuple[str | None, int]:
+        statements.clear()
+        picked = store.pick("any", skip, "w")
+        return picked, len(statements)
+
+    assert pick(set()) == (alone.id, 1)
+    assert store.claim(alone.id, "w") is not None
+    picked, reads = pick(set())
+    assert picked == lines[2].id and reads > 1  # the fairest, the prefixes held (and a probe of mine)
+    assert pick({lines[0].id, lines[2].id}) == (lines[1].id, 1)  # its fellows are being claimed here
+
+
+@pytest.mark.parametrize("dialect", ["postgresql", "sqlite"])
 def test_a_prefix_this_worker_ran_before_is_not_held_by_its_ended_job(request, dialect):
     """What a worker ran and ended is its history, not a run holding a prefix (its engine's cache says
     what it still holds): the batch's first line comes first."""
