@@ -28,7 +28,8 @@ Needs wrk (Debian: apt-get install wrk), PostgreSQL and Redis as the tests use t
    end every line), against the same API idle (target: p99 < 50 ms in both).
 5. Streamed chat completions (``--stream-requests`` of ``--stream-tokens`` tokens, one at a time):
    time to first token and mean inter-token latency as the client sees them, against the same requests
-   through ``LLMEngine`` directly.
+   through ``LLMEngine`` directly; each job's row splits where its first token's time went (before the
+   row, queue, prefill, relay to the client).
 6. Waited chat completions (the same requests, not streamed: the API answers once the job has ended):
    the time to the answer and the mean inter-token latency of the job's own token times, against the
    same requests through ``LLMEngine`` directly. ``--waited-only`` runs parts 5 and 6 alone.
@@ -52,6 +53,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -142,15 +144,39 @@ def story_request(model: str, i: int, max_tokens: int) -> dict[str, object]:
     }
 
 
-def streamed_once(client: httpx.Client, model: str, i: int, max_tokens: int) -> tuple[float, float]:
-    """Time to first token and mean inter-token latency (ms) of one streamed chat completion, as a
-    client sees it through the whole path (API → queue → worker → Redis channel → API → client)."""
+@dataclass(frozen=True)
+class Streamed:
+    """One streamed chat completion as its client saw it (ms), and where its first token's time went, by
+    its job's row: ``before_row`` (sent → ``queued_at``: HTTP, checks, tokenizing), ``queue`` (→
+    ``started_at``: the row's commit, its message, the claim), ``prefill`` (→ ``first_token_at``: the
+    engine in the service), ``relay`` (→ the client: the worker's streamer, Redis, the API)."""
+
+    ttft: float
+    itl: float
+    before_row: float
+    queue: float
+    prefill: float
+    relay: float
+
+
+@dataclass(frozen=True)
+class StreamPair:
+    service: Streamed
+    engine_ttft: float
+    engine_itl: float
+
+
+def streamed_once(
+    client: httpx.Client, db: psycopg.Connection, model: str, i: int, max_tokens: int
+) -> Streamed:
+    """One streamed chat completion, timed as a client sees it through the whole path (API → queue →
+    worker → Redis channel → API → client); its job's row, read afterwards, splits its first token's time."""
     body = story_request(model, i, max_tokens) | {"stream": True, "stream_options": {"include_usage": True}}
-    start, arrivals = time.perf_counter(), []
+    sent, start, arrivals = time.time(), time.perf_counter(), []
     with client.stream("POST", "/v1/chat/completions", json=body) as r:
         for line in r.iter_lines():  # parsed after the stream: the client's own work would slow the server
             arrivals.append((time.perf_counter(), line))
-    times, tokens = [], 0
+    times, tokens, chunk = [], 0, {}
     for at, line in arrivals:
         if not line.startswith("data: {"):
             continue
@@ -161,7 +187,17 @@ def streamed_once(client: httpx.Client, model: str, i: int, max_tokens: int) -> 
             times.append(at)
     if not times or tokens < 2:
         raise SystemExit(f"streamed request {i} produced {tokens} tokens")
-    return (times[0] - start) * 1000, (times[-1] - times[0]) * 1000 / (tokens - 1)
+    ttft = (times[0] - start) * 1000
+    job_id = "job_" + chunk["id"].removeprefix("chatcmpl-")
+    epochs = ", ".join(
+        f"extract(epoch FROM {at}) * 1000" for at in ("queued_at", "started_at", "first_token_at")
+    )
+    row = db.execute(f"SELECT {epochs} FROM jobs WHERE id = %s", (job_id,)).fetchone()
+    assert row is not None, job_id
+    queued, started, first = (float(at) for at in row)
+    before_row, queue, prefill = queued - sent * 1000, started - queued, first - started
+    itl = (times[-1] - times[0]) * 1000 / (tokens - 1)
+    return Streamed(ttft, itl, before_row, queue, prefill, ttft - before_row - queue - prefill)
 
 
 def engine_once(llm: LLM, i: int, max_tokens: int) -> tuple[float, float]:
@@ -210,13 +246,13 @@ def waited_pairs(url: str, model: str, llm: LLM, n: int, max_tokens: int) -> lis
     return pairs[2:]
 
 
-def stream_pairs(url: str, model: str, llm: LLM, n: int, max_tokens: int) -> list[tuple[float, ...]]:
-    """``n`` pairs (path TTFT, path ITL, engine TTFT, engine ITL), the same request each way, one right
-    after the other: this machine's speed drifts by more than the targets within minutes, and a pair
-    sees the same drift on both sides. Two pairs first, untimed, to warm both."""
-    with httpx.Client(base_url=url, timeout=120) as client:
+def stream_pairs(url: str, model: str, llm: LLM, n: int, max_tokens: int) -> list[StreamPair]:
+    """``n`` pairs, the same request each way, one right after the other: this machine's speed drifts
+    by more than the targets within minutes, and a pair sees the same drift on both sides. Two pairs
+    first, untimed, to warm both."""
+    with httpx.Client(base_url=url, timeout=120) as client, database() as db:
         pairs = [
-            streamed_once(client, model, i, max_tokens) + engine_once(llm, i, max_tokens)
+            StreamPair(streamed_once(client, db, model, i, max_tokens), *engine_once(llm, i, max_tokens))
             for i in range(n + 2)
         ]
     return pairs[2:]
@@ -614,11 +650,14 @@ def report_batch_e2e(args: argparse.Namespace, batch_tps: list[float], generate_
     print(f"  target >= {TARGET_BATCH_VS_GENERATE:.0%} of LLM.chat: {'PASS' if ok else 'MISS'}")
 
 
-def report_stream(args: argparse.Namespace, pairs: list[tuple[float, ...]], stream_busy: float) -> None:
-    medians = [statistics.median(column) for column in zip(*pairs, strict=True)]
-    path_ttft, path_itl, engine_ttft, engine_itl = medians
-    added_ttft = median_interval([p[0] - p[2] for p in pairs])
-    added_itl = median_interval([p[1] - p[3] for p in pairs])
+def report_stream(args: argparse.Namespace, pairs: list[StreamPair], stream_busy: float) -> None:
+    def median(of: Callable[[StreamPair], float]) -> float:
+        return statistics.median(of(pair) for pair in pairs)
+
+    path_ttft, path_itl = median(lambda p: p.service.ttft), median(lambda p: p.service.itl)
+    engine_ttft, engine_itl = median(lambda p: p.engine_ttft), median(lambda p: p.engine_itl)
+    added_ttft = median_interval([p.service.ttft - p.engine_ttft for p in pairs])
+    added_itl = median_interval([p.service.itl - p.engine_itl for p in pairs])
     print(f"cores busy before the streamed part (other processes; ~0 is clean): {stream_busy:.2f}")
     print(
         f"streamed chat completion, {args.stream_requests} pairs x {args.stream_tokens} tokens, medians: "
@@ -631,6 +670,13 @@ def report_stream(args: argparse.Namespace, pairs: list[tuple[float, ...]], stre
         f"  targets: added TTFT <= {TARGET_ADDED_TTFT_MS:.0f} ms: "
         f"{verdict(added_ttft, TARGET_ADDED_TTFT_MS)}; added ITL <= {TARGET_ADDED_ITL_MS:.0f} ms: "
         f"{verdict(added_itl, TARGET_ADDED_ITL_MS)}"
+    )
+    print(
+        "  the first token's time by its job's row (medians): before the row (HTTP, checks, tokenizing) "
+        f"{median(lambda p: p.service.before_row):.1f} ms, queue (commit, message, claim) "
+        f"{median(lambda p: p.service.queue):.1f} ms, prefill in the service "
+        f"{median(lambda p: p.service.prefill):.1f} ms (the engine alone: {engine_ttft:.1f}, its tokenizing "
+        f"included), to the client (streamer, Redis, API) {median(lambda p: p.service.relay):.1f} ms"
     )
 
 
