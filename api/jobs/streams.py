@@ -89,7 +89,9 @@ async def _from_row(service: Service, job_id: str) -> AsyncIterator[ServerSentEv
     sent, attempt = "", None
     while True:
         job = await run_in_threadpool(jobs.get, service, OPEN, job_id)
-        if attempt is not None and job.attempt != attempt and not resumed(job):
+        # Only a reader that has text of an earlier run has something to start over: one that began while
+        # the job was queued sees its first run start, not a restart.
+        if sent and job.attempt != attempt and not resumed(job):
             yield ServerSentEvent(event="restart", data={"attempt": job.attempt})
             sent = ""
         attempt = job.attempt

@@ -106,6 +106,7 @@ def test_embedded_mode_streams_from_the_job_row(tmp_path: Path) -> None:
     finally:
         worker.stop()
         db.close()
+    assert events[0][0] == "delta", events[0]  # read from its queued row: its first run is no restart
     assert len([name for name, _ in events if name == "delta"]) > 1
     assert events[-1][0] == "job" and streamed_text(events) == events[-1][1]["output"]
 
