@@ -231,6 +231,7 @@ def test_queued_job_whose_message_was_lost_is_republished(service_settings, db, 
 def test_a_lost_message_is_republished_while_the_queue_never_drains(service_settings, db, workers, tmp_path):
     broker = redis.Redis.from_url(service_settings.resolved_broker_url)
     queue = queue_name(service_settings.served_model_name)
+    backlog = 12  # of 32-token jobs: a fast machine's worker drained 6 of 8 tokens between two top-ups
     with api_client(service_settings) as client:
         lost = submit(client, prompt=PROMPTS[0], max_tokens=8)
         assert broker.delete(*broker.keys(queue + "*")) >= 1  # its message is gone
@@ -241,14 +242,14 @@ def test_a_lost_message_is_republished_while_the_queue_never_drains(service_sett
             while not stop.is_set():
                 depth = sum(broker.llen(key) for key in broker.keys(queue + "*"))
                 depths.append(depth)
-                if depth < 6:
-                    submit(client, prompt=PROMPTS[len(depths) % 50], max_tokens=8, ignore_eos=True)
+                if depth < backlog:
+                    submit(client, prompt=PROMPTS[len(depths) % 50], max_tokens=32, ignore_eos=True)
                 else:
                     stop.wait(0.05)  # polls the depth again, or ends at once when told
 
         with ThreadPoolExecutor(1) as pool:
             feeding = pool.submit(keep_a_backlog)
-            wait_for(lambda: len(depths) > 0 and depths[-1] >= 6, 30, "a backlog")
+            wait_for(lambda: len(depths) > 0 and depths[-1] >= backlog, 30, "a backlog")
             # Fair share off: with it, the first message would claim the lost job (the oldest), and the
             # probe, the repair this tests (of broker order, fair share's too), would have nothing to do.
             spawn(service_settings, db, workers, tmp_path, max_num_seqs=1, fair_share=False)
