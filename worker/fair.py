@@ -31,7 +31,7 @@ the same through ``ix_jobs_fair_heads_lite`` and ``ix_jobs_queued_prefix_lite`` 
 """
 
 import json
-from collections.abc import Collection
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from functools import cache
@@ -157,9 +157,8 @@ def fairest(
     named = (*columns, *(c.label(f"g{i}") for i, c in enumerate(group)))
     best = select(*named).outerjoin(held, held.c.owner == owner).where(Job.id.in_(candidates))
     best = best.order_by(*order, Job.id).limit(1).subquery("best")
-    # Its group's rows at its queued_at but itself: a probe of the groups' index, as step 5's probes are.
-    same = (c == best.c[f"g{i}"] for i, c in enumerate(group))
-    mates = select(Job.id).where(*queued, *same, Job.queued_at == best.c.queued_at, Job.id != best.c.id)
+    values = (best.c[f"g{i}"] for i in range(len(group)))
+    mates = select(Job.id).where(*submitted_with(model, group, values, best.c.queued_at), Job.id != best.c.id)
     return select(*(best.c[c.key] for c in columns), exists(mates).label("shared"))
 
 
@@ -215,9 +214,8 @@ def pg_probes(model: str) -> tuple[Select[tuple[str]], Select[tuple[str]]]:
         bindparam("priority", type_=Integer),
         bindparam("window", type_=Interval),
     )
-    same = (c == v for c, v in zip(GROUP, group, strict=True))
     queued = bindparam("queued", type_=UTCDateTime)
-    rows = select(Job.id).where(*_queued(model, ()), Job.id.not_in(SKIP), *same, Job.queued_at == queued)
+    rows = select(Job.id).where(*submitted_with(model, GROUP, group, queued))
     keys = func.unnest(bindparam("mine", type_=ARRAY(BigInteger)))
     held = keys.table_valued("key").render_derived(name="held")  # unnest(:mine) AS held(key)
     first = rows.where(Job.prefix_key == held.c.key).order_by(Job.id).limit(1).lateral("first")
@@ -238,13 +236,25 @@ def lite_probes(model: str) -> tuple[Select[tuple[str | None]], Select[tuple[str
         bindparam("priority", type_=Integer),
         lite_window(deadline, queued),
     )
-    same = (c == v for c, v in zip(lite_group(Job), group, strict=True))
-    rows = select(Job.id).where(*_queued(model, ()), Job.id.not_in(SKIP), *same, Job.queued_at == queued)
+    rows = select(Job.id).where(*submitted_with(model, lite_group(Job), group, queued))
     held = func.json_each(bindparam("mine", type_=String)).table_valued("value")
     first = rows.where(Job.prefix_key == held.c.value).order_by(Job.id).limit(1).scalar_subquery()
     others = func.json_each(bindparam("others", type_=String)).table_valued("value")
     free = or_(Job.prefix_key.is_(None), Job.prefix_key.not_in(select(others.c.value)))
     return select(func.min(first)).select_from(held), rows.where(free).order_by(Job.id).limit(1)
+
+
+def submitted_with(
+    model: str,
+    group: Sequence[ColumnElement[object]],
+    values: Iterable[object],
+    queued: ColumnElement[object],
+) -> list[ColumnElement[bool]]:
+    """Where-clauses of the queued jobs of ``model`` (but those in ``skip``) submitted with a job: its group
+    (``group``'s expressions equal to ``values``) at its ``queued_at`` (``queued``): among them step 5
+    chooses. Written as ``ix_jobs_fair_heads`` (or its SQLite twin) is, so that a probe walks it."""
+    same = (c == v for c, v in zip(group, values, strict=True))
+    return [*_queued(model, ()), Job.id.not_in(SKIP), *same, Job.queued_at == queued]
 
 
 def _queued(model: str, skip: Collection[str]) -> list[ColumnElement[bool]]:

@@ -331,7 +331,8 @@ class JobStore:
         best = connection.execute(statement, skipping(skip)).one_or_none()
         if best is None or not self.prefix_aware or not best.shared:  # step 5 has nothing to choose among
             return None if best is None else best.id  # type: ignore[no-any-return]
-        submitted = Submitted(self.model, skip, *best[2:6], dialect)
+        submission = best.key_id, best.priority, best.deadline_at, best.queued_at
+        submitted = Submitted(self.model, skip, *submission, dialect)
         return _preferred(
             connection,
             submitted,
