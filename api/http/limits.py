@@ -141,13 +141,16 @@ def too_many_active(caller: Caller, existing: int, adding: int) -> TooMany:
     return TooMany(message, headers)
 
 
+def counted(caller: Caller) -> bool:
+    """Whether ``caller``'s key has a max_active_jobs that a write of its job must count (``admit``)."""
+    return bool(caller.limits and caller.key_id)
+
+
 def admit(session: Session, callers: list[Caller]) -> dict[int, TooMany]:
     """Before a transaction inserts one job for each of ``callers``: holds their keys that have a
     max_active_jobs and counts each one's active jobs once; the jobs (by index) that would take their
     key past its limit, each with its refusal."""
-    limited = [
-        (i, caller, caller.key_id) for i, caller in enumerate(callers) if caller.limits and caller.key_id
-    ]
+    limited = [(i, caller, caller.key_id) for i, caller in enumerate(callers) if counted(caller)]
     hold_keys(session, [key_id for _, _, key_id in limited])
     counts = {key_id: active_jobs(session, key_id) for key_id in {key_id for _, _, key_id in limited}}
     refused = {}

@@ -2,13 +2,15 @@
 
 Under load the API's cost per job is dominated by a transaction per request; here one drain task
 commits whatever has queued up while the previous batch was being written, then publishes each id. An
-idle API still commits a lone job at once. The batch's messages go out in one broker round trip. A job
-is answered only after its row is committed and its message is published (or its publish failed, which
-the worker's reconciler repairs). If a shared write fails, its jobs are written again one by one, so
-one job the database refuses fails alone (a 422 when it is the job's values, else the fault as it is).
+idle API still writes a lone job at once (one INSERT in autocommit, when no key limit is counted). The
+batch's messages go out in one broker round trip. A job is answered only after its row is committed and
+its message is published (or its publish failed, which the worker's reconciler repairs). If a shared
+write fails, its jobs are written again one by one, so one job the database refuses fails alone (a 422
+when it is the job's values, else the fault as it is).
 
 The write holds the keys of its jobs that have a ``max_active_jobs`` and counts their active jobs in
-the same transaction (``api/limits.py``): a job past its key's limit is refused (429) and not written.
+the same transaction (``api/http/limits.py``): a job past its key's limit is refused (429) and not
+written.
 """
 
 import asyncio
@@ -23,8 +25,9 @@ from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
 from api.http.caller import OPEN, Caller
-from api.http.limits import admit
+from api.http.limits import admit, counted
 from api.http.problems import Invalid, TooMany
+from core.db import autocommitting
 from core.models import Job
 from core.queue import publish_jobs, queue_name
 from core.spec import escaped
@@ -85,6 +88,14 @@ class Submitter:
     def _write(self, members: list[Member]) -> dict[int, TooMany]:
         """Writes and publishes the members' jobs but those past their key's limit: refused, by index."""
         with self._sessions() as session:
+            if len(members) == 1 and not counted(members[0].caller):
+                # One INSERT is its own transaction: a lone job (an idle API's, a streamed request's) is
+                # written without the BEGIN and COMMIT round trips before its message can go out.
+                jobs = [members[0].job]
+                autocommitting(session)  # the session's statements run on it (ORM keys: ``meta``)
+                session.execute(insert(Job), [jobs[0].insertable()])
+                self.publish(jobs)
+                return {}
             refused = admit(session, [m.caller for m in members])
             jobs = [m.job for i, m in enumerate(members) if i not in refused]
             if jobs:
