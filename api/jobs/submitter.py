@@ -87,6 +87,7 @@ class Submitter:
 
     def _write(self, members: list[Member]) -> dict[int, TooMany]:
         """Writes and publishes the members' jobs but those past their key's limit: refused, by index."""
+        refused: dict[int, TooMany] = {}
         with self._sessions() as session:
             if len(members) == 1 and not counted(members[0].caller):
                 # One INSERT is its own transaction: a lone job (an idle API's, a streamed request's) is
@@ -94,13 +95,12 @@ class Submitter:
                 jobs = [members[0].job]
                 autocommitting(session)  # the session's statements run on it (ORM keys: ``meta``)
                 session.execute(insert(Job), [jobs[0].insertable()])
-                self.publish(jobs)
-                return {}
-            refused = admit(session, [m.caller for m in members])
-            jobs = [m.job for i, m in enumerate(members) if i not in refused]
-            if jobs:
-                session.execute(insert(Job), [job.insertable() for job in jobs])
-            session.commit()
+            else:
+                refused = admit(session, [m.caller for m in members])
+                jobs = [m.job for i, m in enumerate(members) if i not in refused]
+                if jobs:
+                    session.execute(insert(Job), [job.insertable() for job in jobs])
+                session.commit()
         self.publish(jobs)
         return refused
 
