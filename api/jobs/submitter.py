@@ -87,19 +87,17 @@ class Submitter:
 
     def _write(self, members: list[Member]) -> dict[int, TooMany]:
         """Writes and publishes the members' jobs but those past their key's limit: refused, by index."""
-        refused: dict[int, TooMany] = {}
+        # Nothing to count and one INSERT: its own transaction, without the BEGIN and COMMIT round trips
+        # before the message can go out (an idle API's lone job, a streamed request's).
+        alone = len(members) == 1 and not counted(members[0].caller)
         with self._sessions() as session:
-            if len(members) == 1 and not counted(members[0].caller):
-                # One INSERT is its own transaction: a lone job (an idle API's, a streamed request's) is
-                # written without the BEGIN and COMMIT round trips before its message can go out.
-                jobs = [members[0].job]
-                autocommitting(session)  # the session's statements run on it (ORM keys: ``meta``)
-                session.execute(insert(Job), [jobs[0].insertable()])
-            else:
-                refused = admit(session, [m.caller for m in members])
-                jobs = [m.job for i, m in enumerate(members) if i not in refused]
-                if jobs:
-                    session.execute(insert(Job), [job.insertable() for job in jobs])
+            if alone:
+                autocommitting(session)  # the session's statements run on it
+            refused = admit(session, [m.caller for m in members])
+            jobs = [m.job for i, m in enumerate(members) if i not in refused]
+            if jobs:
+                session.execute(insert(Job), [job.insertable() for job in jobs])
+            if not alone:
                 session.commit()
         self.publish(jobs)
         return refused
