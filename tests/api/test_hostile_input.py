@@ -14,10 +14,9 @@ from sqlalchemy import select
 from api.app import create_app
 from api.http.problems import Invalid
 from api.jobs.submitter import Submitter
-from core.models import Job, utcnow
+from core.models import Job
 from core.settings import Settings
-from core.states import JobStatus
-from tests.support.jobs_client import Database
+from tests.support.jobs_client import Database, queued_job
 
 pytestmark = pytest.mark.fast
 
@@ -192,23 +191,9 @@ def test_a_job_the_database_refuses_fails_alone_in_its_group_commit(
     app = create_app(service_settings)
     service = app.state.service
     submitter = Submitter(service.sessions, service.celery)
-
-    def job(i: int, meta: dict[str, str]) -> Job:
-        now = utcnow()
-        return Job(
-            status=JobStatus.QUEUED,
-            model=service.settings.served_model_name,
-            priority=0,
-            prompt=f"job {i}",
-            prompt_token_ids=[1, 2],
-            prompt_tokens=2,
-            params={"max_tokens": 1},
-            meta=meta,
-            queued_at=now,
-            published_at=now,
-        )
-
-    jobs = [job(i, {"k": "\ud800"} if i in (7, 30) else {"i": str(i)}) for i in range(40)]
+    model = service.settings.served_model_name
+    bad = {"k": "\ud800"}
+    jobs = [queued_job(model, f"job {i}", bad if i in (7, 30) else {"i": str(i)}) for i in range(40)]
 
     async def submit_all() -> list[BaseException | None]:
         return await asyncio.gather(*(submitter.submit(j) for j in jobs), return_exceptions=True)

@@ -7,29 +7,12 @@ from sqlalchemy import event
 
 from api.app import create_app
 from api.jobs.submitter import Submitter
-from core.models import Job, utcnow
 from core.queue import queue_depth, queue_name
 from core.settings import Settings
 from core.states import JobStatus
-from tests.support.jobs_client import Database
+from tests.support.jobs_client import Database, queued_job
 
 pytestmark = pytest.mark.fast
-
-
-def _job(model: str, prompt: str, meta: dict[str, str] | None = None) -> Job:
-    now = utcnow()
-    return Job(
-        status=JobStatus.QUEUED,
-        model=model,
-        priority=0,
-        prompt=prompt,
-        prompt_token_ids=[1, 2],
-        prompt_tokens=2,
-        params={"max_tokens": 1},
-        meta=meta or {},
-        queued_at=now,
-        published_at=now,
-    )
 
 
 def test_a_lone_job_is_one_insert_without_a_transaction_and_a_group_shares_one(
@@ -45,14 +28,14 @@ def test_a_lone_job_is_one_insert_without_a_transaction_and_a_group_shares_one(
     event.listen(service.db_engine, "before_cursor_execute", lambda *args: statements.append(args[2]))
     event.listen(service.db_engine, "commit", commits.append)
 
-    lone = _job(model, "alone", {"source": "lone"})
+    lone = queued_job(model, "alone", {"source": "lone"})
     asyncio.run(submitter.submit(lone))
     assert commits == [] and [s.split()[0] for s in statements] == ["INSERT"]
     [stored] = db.jobs([lone.id])  # committed: another connection reads it, each value as written
     assert (stored.status, stored.prompt, stored.meta) == (JobStatus.QUEUED, "alone", {"source": "lone"})
 
     statements.clear()
-    group = [_job(model, f"together {i}") for i in range(3)]
+    group = [queued_job(model, f"together {i}") for i in range(3)]
 
     async def submit_together() -> None:
         await asyncio.gather(*(submitter.submit(job) for job in group))

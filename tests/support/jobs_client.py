@@ -15,9 +15,10 @@ from sqlalchemy import select
 
 from api.app import create_app
 from core.db import make_db_engine, make_sessionmaker
-from core.models import Job, Worker
+from core.models import Job, Worker, utcnow
 from core.queue import RUN_JOB_TASK, queue_name
 from core.settings import Settings
+from core.states import JobStatus
 from tests.support.services import Process, service_env, wait_for
 
 
@@ -40,6 +41,23 @@ def api_over_http(settings: Settings) -> Iterator[str]:
 def api_client(settings: Settings) -> Iterator[TestClient]:
     with TestClient(create_app(settings)) as client:
         yield client
+
+
+def queued_job(model: str, prompt: str, meta: dict[str, str] | None = None) -> Job:
+    """A new queued one-token job of ``model``, unsaved: what the API's submitter writes."""
+    now = utcnow()
+    return Job(
+        status=JobStatus.QUEUED,
+        model=model,
+        priority=0,
+        prompt=prompt,
+        prompt_token_ids=[1, 2],
+        prompt_tokens=2,
+        params={"max_tokens": 1},
+        meta=meta or {},
+        queued_at=now,
+        published_at=now,
+    )
 
 
 def submit(client: TestClient, **body: Any) -> str:
