@@ -250,16 +250,17 @@ class Job(Base):
     )
 
     def insertable(self) -> dict[str, Any]:
-        """Every column of this new job by attribute, its Python-side defaults applied to it first: what
-        ``insert(Job)`` takes for many jobs at once without the unit of work (~200 µs of CPU a job less;
-        the object stays transient, and its readers see the id and defaults it was written with)."""
+        """This new job as a row of the table, by column name, its Python-side defaults applied to it
+        first: what the table's Core ``insert()`` takes for many jobs at once, without the unit of work or
+        the ORM's bulk insert (~200 and ~400 µs of CPU a job less; the object stays transient, and its
+        readers see the id and defaults it was written with)."""
         values = {}
-        for key, default in _column_defaults():
+        for key, name, default in _column_defaults():
             value = getattr(self, key)
             if value is None and default is not None:
                 value = default.arg(None) if default.is_callable else default.arg
                 setattr(self, key, value)
-            values[key] = value
+            values[name] = value
         return values
 
     @property
@@ -424,6 +425,8 @@ class WebhookDelivery(Base):
 
 
 @cache
-def _column_defaults() -> tuple[tuple[str, Any], ...]:
-    """Each column attribute of ``Job`` with its Python-side default (None: none)."""
-    return tuple((prop.key, prop.columns[0].default) for prop in Job.__mapper__.column_attrs)
+def _column_defaults() -> tuple[tuple[str, str, Any], ...]:
+    """Each column attribute of ``Job``, its column's name and its Python-side default (None: none)."""
+    return tuple(
+        (prop.key, prop.columns[0].name, prop.columns[0].default) for prop in Job.__mapper__.column_attrs
+    )

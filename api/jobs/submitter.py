@@ -36,6 +36,10 @@ logger = logging.getLogger(__name__)
 MAX_BATCH = 256
 
 
+# Core's, not the ORM's: a job is written as a row (``Job.insertable``), without the ORM's bulk insert.
+NEW_JOBS = insert(Job.__table__)
+
+
 class Member(NamedTuple):
     job: Job
     caller: Caller
@@ -96,7 +100,7 @@ class Submitter:
             refused = admit(session, [m.caller for m in members])
             jobs = [m.job for i, m in enumerate(members) if i not in refused]
             if jobs:
-                session.execute(insert(Job), [job.insertable() for job in jobs])
+                session.connection().execute(NEW_JOBS, [job.insertable() for job in jobs])
             if not alone:
                 session.commit()
         self.publish(jobs)
