@@ -184,24 +184,28 @@ CLAIM = (
 
 
 @cache
-def claim_statement(retry: bool, first: bool = False) -> Update:
-    """The claim's UPDATE of a job (``claim_params``): a queued job not asked to cancel (``retry``: or a
-    run of this worker's); ``first``: only for its first run. Built once per shape: made and keyed for
-    SQLAlchemy's cache anew for each claim, it cost more CPU than its round trip."""
+def claim_statement(retry: bool, first: bool) -> Update:
+    """The claim's UPDATE of a job (``claimed_row`` binds it): a queued job not asked to cancel (``retry``:
+    or a run of this worker's); ``first``: only for its first run. Built once per shape: made and keyed
+    for SQLAlchemy's cache anew for each claim, it cost more CPU than its round trip."""
     worker_id = bindparam("claim_worker", type_=JOBS.c.worker_id.type)
     claimable = JOBS.c.status == JobStatus.QUEUED
     if retry:
         claimable = or_(claimable, and_(JOBS.c.status == JobStatus.RUNNING, JOBS.c.worker_id == worker_id))
-    where = [JOBS.c.id == bindparam("claim_id", type_=JOBS.c.id.type), claimable]
-    where.append(JOBS.c.cancel_requested.is_(False))
+    job_id = bindparam("claim_id", type_=JOBS.c.id.type)
+    where = [JOBS.c.id == job_id, claimable, JOBS.c.cancel_requested.is_(False)]
     if first:
         where.append(JOBS.c.attempt == 0)
     served_by = bindparam("claim_served_by", type_=JOBS.c.served_by.type)
     return CLAIM.where(*where).values(worker_id=worker_id, served_by=served_by)
 
 
-def claim_params(job_id: str, worker_id: str, served_by: Any) -> dict[str, Any]:
-    return {"claim_id": job_id, "claim_worker": worker_id, "claim_served_by": served_by}
+def claimed_row(
+    connection: Connection, job_id: str, worker_id: str, served_by: Any, retry: bool, first: bool = False
+) -> Row[Any] | None:
+    """``claim_statement``'s row for ``job_id`` claimed by ``worker_id``; None when it was not claimable."""
+    bound = {"claim_id": job_id, "claim_worker": worker_id, "claim_served_by": served_by}
+    return connection.execute(claim_statement(retry, first), bound).one_or_none()
 
 
 @cache
@@ -328,9 +332,9 @@ class JobStore:
                     picked = self._pick(autocommitting(session), passed_over(), worker_id)
                 if picked is None or not reserve(picked):
                     return picked, None
-            first_run = claim_params(picked, worker_id, self.served_by)
-            claimed = autocommitting(session).execute(claim_statement(retry=False, first=True), first_run)
-            if (row := claimed.one_or_none()) is not None:
+            connection = autocommitting(session)
+            row = claimed_row(connection, picked, worker_id, self.served_by, retry=False, first=True)
+            if row is not None:
                 return picked, _claimed(picked, row)
         return picked, self.claim(picked, worker_id)  # a later run, or not queued any more
 
@@ -362,8 +366,7 @@ class JobStore:
     def _claim(self, session: Session, job_id: str, worker_id: str, retry: bool) -> ClaimedJob | None:
         """A job's first run (attempt 0 before: nothing to resume, its results still fresh) is one
         UPDATE, its ``runs`` written there; a later run then finds what it resumes, and records it."""
-        statement = claim_statement(retry), claim_params(job_id, worker_id, self.served_by)
-        row = session.connection().execute(*statement).one_or_none()
+        row = claimed_row(session.connection(), job_id, worker_id, self.served_by, retry)
         if row is None:
             return None
         attempt, params, (*kept, runs) = row[0], row[2], row[6:]
