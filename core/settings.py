@@ -83,6 +83,9 @@ class Settings(EngineSettings):
     # nice increment of the worker's bookkeeping threads (flusher, streamer, watchers, reconciler, Celery
     # seats), so they do not preempt the engine's threads on a busy CPU; the heartbeat keeps 0
     bookkeeping_nice: int = Field(default=0, ge=0, le=19)
+    # on a CPU engine, after a step that streams a reader's first token the engine waits this long before
+    # its next step (which takes every core), so that the token's relay (streamer, Redis, API) runs first
+    first_token_yield_ms: float = Field(default=1.5, ge=0, le=50)
     heartbeat_timeout: float = 30.0  # a worker silent this long is dead; its jobs are requeued
     heartbeat_interval: float | None = None  # default: heartbeat_timeout / 6; also the worker gauges' age
     max_attempts: int = 3  # runs a job may start; if its worker dies (or drains) in the last, it fails

@@ -23,6 +23,10 @@ from worker.streamer import TokenStreamer
 logger = logging.getLogger("pagedq.worker")
 
 RECENT_PREFIXES = 256  # the prefix keys of the last runs added, checked against the cache after each step
+# A yield for readers' first tokens (``TokenStreamer.first_token_yield``) at most once per this many steps:
+# a pause is every running run's, and streamed requests that start one after another must not keep a
+# full batch waiting at each start (on two cores a step is >= 10 ms: under 1% of its time at 1.5 ms).
+YIELD_EVERY_STEPS = 16
 
 
 @dataclass(frozen=True)
@@ -69,6 +73,8 @@ E = TypeVar("E", bound=Engine)
 
 
 class EngineLoop(Generic[E]):
+    pause: Callable[[float], None] = staticmethod(time.sleep)  # the yield to readers (a test's records it)
+
     def __init__(
         self, build_engine: Callable[[], E], flights: Flights, streamer: TokenStreamer | None = None
     ) -> None:
@@ -84,6 +90,8 @@ class EngineLoop(Generic[E]):
         self._recent_prefixes: OrderedDict[int, None] = OrderedDict()  # of the runs added, newest last
         self._held_prefixes: frozenset[int] = frozenset()
         self._step_cpu = 0.0  # this thread's CPU seconds inside step(), and its engine's build
+        self._opened_stream = False  # the step's outputs opened a reader's stream
+        self._steps_since_yield = YIELD_EVERY_STEPS
         self._thread = threading.Thread(target=self._run, name="pagedq-engine", daemon=True)
 
     def start(self) -> None:
@@ -142,6 +150,7 @@ class EngineLoop(Generic[E]):
             for output in outputs:
                 self._record(output)
             self._update_stats()
+            self._yield_to_readers()
 
     def _step(self) -> list[RequestOutput]:
         started = time.thread_time()
@@ -149,6 +158,18 @@ class EngineLoop(Generic[E]):
             return self.engine.step()
         finally:
             self._step_cpu += time.thread_time() - started
+
+    def _yield_to_readers(self) -> None:
+        """After a step that opened a reader's stream, wait ``first_token_yield`` before the next: the
+        first token's way to its reader (the streamer, Redis, the API, the client) then runs on the cores
+        the next step would take, not between its threads (bench/RESULTS.md, 2026-11-29)."""
+        self._steps_since_yield += 1
+        opened, self._opened_stream = self._opened_stream, False
+        if not opened or self.streamer is None or not self.streamer.first_token_yield:
+            return
+        if self._steps_since_yield >= YIELD_EVERY_STEPS:
+            self._steps_since_yield = 0
+            self.pause(self.streamer.first_token_yield)
 
     def _take_commands(self, block: bool) -> None:
         try:
@@ -199,7 +220,8 @@ class EngineLoop(Generic[E]):
             text = "".join(sample.text for sample in output.outputs if sample.index == 0)
             whole = flight.result.choices[0].text  # this thread alone changes it
             resumed = flight.job.resume is not None
-            self.streamer.feed(flight.job.id, flight.job.attempt, text, whole, output.finished, resumed)
+            if self.streamer.feed(flight.job.id, flight.job.attempt, text, whole, output.finished, resumed):
+                self._opened_stream = True
         if output.finished and output.error is not None:  # its constraint failed
             self.flights.end(flight, JobStatus.FAILED, error=f"rejected by the engine: {output.error}")
         elif output.finished:

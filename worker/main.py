@@ -34,6 +34,7 @@ from worker.drain import Drain
 from worker.embedding_host import embedding
 from worker.engine import LLMEngine
 from worker.engine.identity import served_by
+from worker.engine.model_runner import resolve_device
 from worker.engine_loop import EngineLoop
 from worker.flights import Flights
 from worker.flusher import Flusher, Publish
@@ -81,6 +82,13 @@ def engine_facts(engine: LLMEngine) -> dict[str, Any]:
         "max_model_len": engine.max_model_len,
         "weights": runner.weights.as_json(),
     }
+
+
+def first_token_yield(settings: Settings, engine_config: EngineConfig) -> float:
+    """Seconds the engine waits after a step that opens a reader's stream: on a CPU only, where its next
+    step would take the cores the token's relay needs (a GPU's step leaves them free)."""
+    on_cpu = resolve_device(engine_config.device).type == "cpu"
+    return settings.first_token_yield_ms / 1000 if on_cpu else 0.0
 
 
 def served_entry(settings: Settings, model: str | None) -> ModelEntry:
@@ -134,7 +142,7 @@ def serve(
         prefix_aware=settings.prefix_aware_order,
     )
     url = streams_url(settings) if kind.streams else None
-    streamer = TokenStreamer(url) if url else None
+    streamer = TokenStreamer(url, first_token_yield(settings, engine_config)) if url else None
     health = WorkerHealth(settings.resolved_worker_status_file, settings.heartbeat_period, worker_id)
     heartbeats = JobStore(connections.heartbeat_sessions, entry.name)
     host = engine_host(

@@ -4,7 +4,11 @@ of its own so the engine never waits; only for runs a reader follows (``worker/w
 The writes go out on a connection of the streamer's own with Redis's replies turned off
 (``CLIENT REPLY OFF``): nothing reads them (a stale run's refused entry was only ever dropped), and
 waiting for them woke this thread a second time per token, to take the GIL from the engine's step. On
-two cores that took a third to a half off its CPU per streamed token (bench/RESULTS.md, 2026-11-27)."""
+two cores that took a third to a half off its CPU per streamed token (bench/RESULTS.md, 2026-11-27).
+
+A reader's first token has four processes to cross (this thread, Redis, the API, the client), and on a
+CPU the engine's next step takes every core as soon as it starts: ``first_token_yield`` is how long the
+engine thread waits after a step that opened a stream, so that they run first (worker/engine_loop.py)."""
 
 import logging
 import queue
@@ -31,7 +35,8 @@ class Piece:
 
 
 class TokenStreamer:
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, first_token_yield: float = 0.0) -> None:
+        self.first_token_yield = first_token_yield  # seconds; 0: the engine goes on at once
         self._redis = redis.Redis.from_url(url)
         self._connection: redis.Connection | None = None  # the writes', replies off (``_connected``)
         self._pieces: queue.SimpleQueue[Piece | None] = queue.SimpleQueue()
@@ -43,20 +48,22 @@ class TokenStreamer:
 
     def feed(
         self, job_id: str, attempt: int, new: str, whole: str, finished: bool, resumed: bool = False
-    ) -> None:
+    ) -> bool:
         """A step's ``new`` text of a run (``whole``: all its text so far), streamed only once a reader
         follows the job: then the run's first entry is all its text so far, and it streams to its end.
-        ``resumed``: the run goes on from an earlier run's flushed text (its first entry says so)."""
+        ``resumed``: the run goes on from an earlier run's flushed text (its first entry says so).
+        Returns whether this opened the run's stream (a reader waits for its first entry)."""
         run = (job_id, attempt)
         first = run not in self._fed
         if first:
             if not self.watchers.watched(job_id):
-                return
+                return False
             self._fed.add(run)
             new = whole
         if finished:
             self._fed.discard(run)
         self.put(job_id, attempt, new, finished, resumed=first and resumed)
+        return first
 
     def put(self, job_id: str, attempt: int, text: str, finished: bool, resumed: bool = False) -> None:
         if text or finished or resumed:

@@ -117,6 +117,44 @@ def test_runs_batch_together_and_end_with_what_the_engine_alone_generates(refere
         broker.zrem(WATCHED_KEY, *(run.job.id for run in [*runs, batch_run]))
 
 
+def test_a_readers_first_token_makes_the_engine_yield_once_before_its_next_step(reference, flights, loop):
+    """The step that opens a read run's stream is followed by the streamer's ``first_token_yield``, before
+    the next step (its run has one token then); a run nobody reads, a batch line, and a read run's later
+    tokens are not; a stream opened within ``YIELD_EVERY_STEPS`` steps of the last yield is not either."""
+    url = redis_url()
+    loop.streamer = TokenStreamer(url, first_token_yield=0.002)
+    ids = [reference.tokenizer.encode(prompt) for prompt in PROMPTS]
+    read, unread, line = (
+        flight(ids[0], **GREEDY),
+        flight(ids[1], **GREEDY),
+        flight(ids[2], **GREEDY, in_batch=True),
+    )
+    soon, later = flight(ids[1], **GREEDY), flight(ids[2], **GREEDY)
+    runs = [read, unread, line, soon, later]
+    pauses: list[tuple[float, list[int]]] = []
+    loop.pause = lambda seconds: pauses.append((seconds, [len(r.result.token_times_ms) for r in runs]))
+    pipe = redis.Redis.from_url(url).pipeline()
+    for run in (read, line, soon, later):
+        announce_reader(pipe, run.job.id)
+    pipe.execute()
+    watchers = loop.streamer.watchers
+    wait_for(lambda: all(watchers.watched(r.job.id) for r in runs if r is not unread), 10, "the readers")
+    try:
+        hand_over(loop, flights, read, unread, line)  # one step each token: 8 steps
+        loop.start()
+        wait_for(lambda: ended(read, unread, line), 60, "the first runs to end")
+        hand_over(loop, flights, soon)  # its first token 8 steps after the yield: none
+        wait_for(lambda: ended(soon), 60, "the second read run to end")
+        hand_over(loop, flights, later)  # 16 steps after it: a yield
+        wait_for(lambda: ended(later), 60, "the third read run to end")
+    finally:
+        loop.streamer.close()
+        broker = redis.Redis.from_url(url)
+        broker.delete(*(stream_key(r.job.id) for r in runs))
+        broker.zrem(WATCHED_KEY, *(r.job.id for r in runs))
+    assert pauses == [(0.002, [1, 1, 1, 0, 0]), (0.002, [8, 8, 8, 8, 1])]
+
+
 def test_an_aborted_run_ends_as_its_abort_asked_and_frees_the_engine(reference, flights, loop):
     loop.start()
     run = flight(reference.tokenizer.encode(PROMPTS[0]), temperature=0.0, max_tokens=500, ignore_eos=True)
