@@ -98,7 +98,7 @@ def claim_one(store: JobStore) -> None:
 
 def take_one(store: JobStore) -> None:
     """What a ticket does (worker/claimer.py): pick the fairest job and claim it in one transaction."""
-    picked, job = store.take("any", set, "bench-worker", lambda _: True)
+    picked, job = store.take("any", set, "bench-worker", lambda _: True, lambda _: None)
     assert job is not None and job.id == picked
 
 

@@ -66,7 +66,7 @@ class Claimer:
                     if target is None:
                         with self.turns:
                             picked, job = self.store.take(
-                                job_id, self.flights.passed_over, self.worker_id, self._reserving(taken)
+                                job_id, self.flights.passed_over, self.worker_id, *self._marks(taken)
                             )
                         failures = 0
                         if not taken:  # reserving must wait, or be refused: the slow way
@@ -107,9 +107,9 @@ class Claimer:
             if target is not None:
                 self.flights.unreserve(target)
 
-    def _reserving(self, taken: list[str]) -> Callable[[str], bool]:
-        """``take``'s mark on its pick, in the same turn: only a job neither claimed nor held here, so that
-        nothing need wait; the job marked is appended to ``taken``."""
+    def _marks(self, taken: list[str]) -> tuple[Callable[[str], bool], Callable[[str], None]]:
+        """``take``'s mark on the job it claims, in the same turn, and its release: only a job neither
+        claimed nor held here, so that nothing need wait; ``taken`` holds the job marked."""
 
         def reserve(job_id: str) -> bool:
             if self.drain.started or not self.flights.reserve(job_id, unless_held=True):
@@ -117,7 +117,11 @@ class Claimer:
             taken.append(job_id)
             return True
 
-        return reserve
+        def release(job_id: str) -> None:
+            taken.remove(job_id)
+            self.flights.unreserve(job_id)
+
+        return reserve, release
 
     def _reserve(self, job_id: str, chosen: str | None) -> tuple[str, bool] | None:
         """The job this message's thread will claim, marked as being claimed, and whether fair share chose

@@ -7,7 +7,7 @@ redelivered message, a worker presumed dead) can never overwrite what the curren
 import logging
 import threading
 from collections import defaultdict
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import cache
@@ -17,6 +17,7 @@ from sqlalchemy import (
     BigInteger,
     CompoundSelect,
     Connection,
+    Select,
     String,
     Update,
     and_,
@@ -26,9 +27,11 @@ from sqlalchemy import (
     delete,
     false,
     literal,
+    not_,
     null,
     or_,
     select,
+    true,
     union_all,
     update,
 )
@@ -83,7 +86,7 @@ class ClaimedJob:
     prefix_key: int | None = None  # contract/prefix.py
 
 
-def _claimed(job_id: str, row: Row[Any], resume: Resume | None = None) -> ClaimedJob:
+def _claimed(job_id: str, row: Sequence[Any], resume: Resume | None = None) -> ClaimedJob:
     """The job a claim's UPDATE returned (``CLAIM``'s first six columns)."""
     attempt, prompt, params, priority, in_batch, prefix_key = row[:6]
     return ClaimedJob(job_id, attempt, prompt, params, priority, in_batch, resume, prefix_key)
@@ -204,8 +207,29 @@ def claimed_row(
     connection: Connection, job_id: str, worker_id: str, served_by: Any, retry: bool, first: bool = False
 ) -> Row[Any] | None:
     """``claim_statement``'s row for ``job_id`` claimed by ``worker_id``; None when it was not claimable."""
-    bound = {"claim_id": job_id, "claim_worker": worker_id, "claim_served_by": served_by}
+    bound = claiming(job_id, worker_id, served_by)
     return connection.execute(claim_statement(retry, first), bound).one_or_none()
+
+
+def claiming(job_id: str, worker_id: str, served_by: Any) -> dict[str, Any]:
+    """The parameters of ``claim_statement`` (and of ``picked_and_claimed``)."""
+    return {"claim_id": job_id, "claim_worker": worker_id, "claim_served_by": served_by}
+
+
+@cache
+def picked_and_claimed(model: str, aging: float, prefix_aware: bool) -> Select[Any]:
+    """PostgreSQL: ``fairest``, and in the same statement (a data-modifying CTE) the first run's claim of
+    the ticket's own job (``claim_id``) when that is the fairest and step 5 has nothing to choose among:
+    ``fairest``'s columns, then the claim's (the last ``CLAIMED``; NULL when it did not claim)."""
+    best = fairest(model, aging, "postgresql").cte("best")
+    chosen = select(best.c.id)
+    if prefix_aware:
+        chosen = chosen.where(not_(best.c.shared))
+    claimed = claim_statement(retry=False, first=True).where(JOBS.c.id.in_(chosen)).cte("claimed")
+    return select(best, claimed).select_from(best.outerjoin(claimed, true()))
+
+
+CLAIMED = len(CLAIM.returning_column_descriptions)  # the last columns of ``picked_and_claimed``'s row
 
 
 @cache
@@ -309,7 +333,7 @@ class JobStore:
         if self.fair_aging is None:
             return job_id
         with self.sessions() as session, self._picks:
-            return self._pick(autocommitting(session), skip, worker_id)
+            return self._pick(autocommitting(session), skip, worker_id)[0]
 
     def take(
         self,
@@ -317,20 +341,32 @@ class JobStore:
         passed_over: Callable[[], set[str]],
         worker_id: str,
         reserve: Callable[[str], bool],
+        release: Callable[[str], None],
     ) -> tuple[str | None, ClaimedJob | None]:
         """``pick`` (passing over what ``passed_over`` says as the pick starts) and ``claim`` on one
         connection (a claim's round trips are its cost, not its rows): returns the job picked, and the job
-        claimed once ``reserve`` (the caller's mark that it is being claimed here) accepted the pick; None
-        when it did not, or when the job was not queued any more. The pick and its mark are made one at a
-        time; the claims go on side by side. The pick only reads, and a job's first run is claimed by one
-        UPDATE, so both run in autocommit (no BEGIN or COMMIT round trip); a later run, which finds what it
-        resumes, is claimed in a transaction."""
+        claimed once ``reserve`` (the caller's mark that it is being claimed here; ``release`` takes one
+        back) accepted the pick; None when it did not, or when the job was not queued any more. The pick
+        and its mark are made one at a time; the claims go on side by side. The pick only reads, and a
+        job's first run is claimed by one UPDATE, so both run in autocommit (no BEGIN or COMMIT round
+        trip); a later run, which finds what it resumes, is claimed in a transaction. On PostgreSQL with
+        fair share the ticket's own job is marked first, and the pick's statement claims it when it is the
+        pick (a job submitted alone: one statement from its message to its run)."""
         with self.sessions() as session:
             with self._picks:
-                picked = job_id  # without fair share, the claim is the first to reach the database
+                # Without fair share, the claim is the first to reach the database.
+                picked, marked = job_id, None
                 if self.fair:
-                    picked = self._pick(autocommitting(session), passed_over(), worker_id)
-                if picked is None or not reserve(picked):
+                    connection, skip = autocommitting(session), passed_over()
+                    in_one = connection.dialect.name == "postgresql" and job_id not in skip
+                    marked = job_id if in_one and reserve(job_id) else None
+                    picked, row = self._pick(connection, skip, worker_id, own=marked)
+                    if row is not None:
+                        return picked, _claimed(picked, row)
+                if marked is not None and picked != marked:
+                    release(marked)
+                    marked = None
+                if picked is None or (marked is None and not reserve(picked)):
                     return picked, None
             connection = autocommitting(session)
             row = claimed_row(connection, picked, worker_id, self.served_by, retry=False, first=True)
@@ -338,21 +374,26 @@ class JobStore:
                 return picked, _claimed(picked, row)
         return picked, self.claim(picked, worker_id)  # a later run, or not queued any more
 
-    def _pick(self, connection: Connection, skip: set[str], worker_id: str) -> str | None:
+    def _pick(
+        self, connection: Connection, skip: set[str], worker_id: str, own: str | None = None
+    ) -> tuple[str | None, Sequence[Any] | None]:
+        """The fairest job, and None; with ``own`` (the ticket's job, marked by the caller; PostgreSQL), when
+        the same statement claimed it (``picked_and_claimed``): ``own`` and its claim's columns."""
         assert self.fair_aging is not None
         dialect = connection.dialect.name
-        statement = fairest(self.model, self.fair_aging, dialect)
-        best = connection.execute(statement, skipping(skip)).one_or_none()
+        statement, bound = fairest(self.model, self.fair_aging, dialect), skipping(skip)
+        if own is not None:
+            statement = picked_and_claimed(self.model, self.fair_aging, self.prefix_aware)
+            bound |= claiming(own, worker_id, self.served_by)
+        best = connection.execute(statement, bound).one_or_none()
+        if best is not None and own is not None and best[-CLAIMED] is not None:  # its attempt
+            return own, best[-CLAIMED:]
         if best is None or not self.prefix_aware or not best.shared:  # step 5 has nothing to choose among
-            return None if best is None else best.id  # type: ignore[no-any-return]
+            return None if best is None else best.id, None
         submission = best.key_id, best.priority, best.deadline_at, best.queued_at
         submitted = Submitted(self.model, skip, *submission, dialect)
-        return _preferred(
-            connection,
-            submitted,
-            best,
-            prefixes_held(connection, self.model, skip, worker_id, self.held_prefixes()),
-        )
+        held = prefixes_held(connection, self.model, skip, worker_id, self.held_prefixes())
+        return _preferred(connection, submitted, best, held), None
 
     def claim(self, job_id: str, worker_id: str, retry: bool = False) -> ClaimedJob | None:
         """Take a queued job for a new attempt; None when it is not queued (done, cancelled, taken).

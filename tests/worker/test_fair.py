@@ -191,6 +191,44 @@ def test_a_job_submitted_alone_is_picked_in_one_statement_lines_submitted_togeth
     assert pick({lines[0].id, lines[2].id}) == (lines[1].id, 1)  # its fellows are being claimed here
 
 
+def test_a_tickets_own_job_is_picked_and_claimed_in_one_statement_when_it_is_the_fairest(store):
+    """On PostgreSQL a ticket marks its own job first, and the pick's statement claims it when it is the
+    fairest and was submitted alone; a ticket whose job is not the fairest gives its mark back and claims
+    the fairest (its pick, then its claim); lines submitted together go through step 5 before a claim."""
+    store.prefix_aware = True
+    statements: list[str] = []
+    event.listen(store.sessions.kw["bind"], "before_cursor_execute", lambda *args: statements.append(args[2]))
+    marks: set[str] = set()  # the claimer's: the jobs being claimed here
+
+    def reserve(job_id: str) -> bool:
+        if job_id in marks:
+            return False
+        marks.add(job_id)
+        return True
+
+    def take(job_id: str) -> tuple[str | None, int | None, set[str], int]:
+        statements.clear()
+        picked, claimed = store.take(job_id, set, "w", reserve, marks.remove)
+        assert claimed is None or claimed.id == picked
+        taken = (picked, None if claimed is None else claimed.attempt, set(marks), len(statements))
+        marks.clear()
+        return taken
+
+    now = utcnow()
+    with store.sessions.begin() as session:
+        first, second = (job(None, 0, now - timedelta(minutes=m), None, None) for m in (3, 2))
+        lines = [job(None, 0, now - timedelta(minutes=1), None, key) for key in (1, 2)]
+        session.add_all([first, second, *lines])
+    assert take(first.id) == (first.id, 1, {first.id}, 1)
+    with store.sessions() as session:
+        row = session.get_one(Job, first.id)
+        assert (row.status, row.worker_id, row.attempt) == (JobStatus.RUNNING, "w", 1)
+        assert row.runs == [{"attempt": 1, "resumed_from_token": 0}]
+    assert take(lines[1].id) == (second.id, 1, {second.id}, 2)  # not the fairest: its mark goes back
+    fairest_line = min(lines, key=lambda line: line.id)  # step 6
+    assert take(lines[1].id) == (fairest_line.id, 1, {fairest_line.id}, 3)  # and the prefixes held
+
+
 @pytest.mark.parametrize("dialect", ["postgresql", "sqlite"])
 def test_a_prefix_this_worker_ran_before_is_not_held_by_its_ended_job(request, dialect):
     """What a worker ran and ended is its history, not a run holding a prefix (its engine's cache says
