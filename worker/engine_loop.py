@@ -73,8 +73,6 @@ E = TypeVar("E", bound=Engine)
 
 
 class EngineLoop(Generic[E]):
-    pause: Callable[[float], None] = staticmethod(time.sleep)  # the yield to readers (a test's records it)
-
     def __init__(
         self, build_engine: Callable[[], E], flights: Flights, streamer: TokenStreamer | None = None
     ) -> None:
@@ -92,6 +90,7 @@ class EngineLoop(Generic[E]):
         self._step_cpu = 0.0  # this thread's CPU seconds inside step(), and its engine's build
         self._opened_stream = False  # the step's outputs opened a reader's stream
         self._steps_since_yield = YIELD_EVERY_STEPS
+        self.pause: Callable[[float], None] = time.sleep  # the yield to readers (a test records it)
         self._thread = threading.Thread(target=self._run, name="pagedq-engine", daemon=True)
 
     def start(self) -> None:
