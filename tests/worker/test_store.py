@@ -25,6 +25,10 @@ def store(service_settings: Settings) -> Iterator[JobStore]:
     engine.dispose()
 
 
+# ``JobStore.take``'s marks, as a claimer with nothing else claiming would make them: each accepted.
+MARKS = (lambda _: True, lambda _: None)
+
+
 def add_job(store: JobStore) -> str:
     with store.sessions.begin() as session:
         job = Job(model="tiny", prompt_token_ids=[1, 2, 3], params={"max_tokens": 4}, published_at=utcnow())
@@ -352,7 +356,7 @@ def test_the_pick_stays_prepared_across_claims_and_the_workers_reads(service_set
     store = JobStore(make_sessionmaker(engine), "tiny", fair_aging=60.0)
     try:
         for _ in range(8):  # psycopg prepares a statement on its fifth run on a connection
-            picked, claimed = store.take(add_job(store), set, "w1", lambda _: True, lambda _: None)
+            picked, claimed = store.take(add_job(store), set, "w1", *MARKS)
             assert claimed is not None and claimed.id == picked
             store.cancel_requested([picked])  # the flusher's and the reconciler's reads between claims
             store.waiting_priorities(utcnow())
@@ -371,18 +375,15 @@ def test_take_claims_a_first_run_without_a_transaction_and_a_later_run_with_what
     job_id = add_job(store)
     commits: list[object] = []
     event.listen(store.sessions.kw["bind"], "commit", commits.append)
-    picked, first = store.take(job_id, set, "w1", lambda _: True, lambda _: None)
+    picked, first = store.take(job_id, set, "w1", *MARKS)
     assert picked == job_id and first is not None and (first.attempt, first.resume) == (1, None)
     assert commits == []
-    assert store.take(job_id, set, "w2", lambda _: True, lambda _: None) == (
-        job_id,
-        None,
-    )  # running: not claimable
+    assert store.take(job_id, set, "w2", *MARKS) == (job_id, None)  # running: not claimable
     flushed = Progress(job_id, 1, "ab", 2, token_times_ms=[1.0, 2.0], token_ids=[5, 6], started_at=utcnow())
     store.write([flushed])
     assert store.requeue(job_id, 1) == 0
     commits.clear()
-    _, again = store.take(job_id, set, "w3", lambda _: True, lambda _: None)
+    _, again = store.take(job_id, set, "w3", *MARKS)
     assert again is not None and again.attempt == 2 and again.resume is not None
     assert (again.resume.token_ids, again.resume.text) == ([5, 6], "ab")
     assert len(commits) == 1
