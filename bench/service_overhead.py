@@ -401,12 +401,15 @@ def database() -> psycopg.Connection:
 
 
 def drop_queued(settings: Settings) -> None:
-    """Nobody will run the jobs queued so far: remove their messages and cancel them."""
+    """Nobody will run the jobs queued so far: remove their messages and cancel them, then vacuum, as
+    autovacuum soon would where it is on (migrations/versions/0018_vacuum_jobs_autovacuum.py), so the
+    later parts' claims do not walk the cancelled jobs' index entries."""
     broker = redis.Redis.from_url(settings.resolved_broker_url)
     if keys := broker.keys(queue_name(settings.served_model_name) + "*"):
         broker.delete(*keys)
     with database() as db:
         db.execute("UPDATE jobs SET status = 'cancelled' WHERE status = 'queued'")
+        db.execute("VACUUM jobs")
 
 
 def batch_end_to_end(url: str, docs: int, max_tokens: int, round_: int) -> float:

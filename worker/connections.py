@@ -7,6 +7,7 @@ database only to claim its job (a pick and an UPDATE, milliseconds), so they tak
 run to end. The flusher and the reconciler have one each; the heartbeat, its own engine.
 """
 
+import logging
 import threading
 from dataclasses import dataclass, field
 
@@ -20,6 +21,8 @@ from core.settings import Settings
 # UPDATE beside the other turns'; more turns than this only queue in PostgreSQL and take connections from
 # other workers.
 CLAIM_TURNS = 4
+
+logger = logging.getLogger(__name__)
 
 # Who uses the jobs engine at once: Celery threads in turns (claims and the reconciler's probes), the
 # flusher thread and the reconciler thread.
@@ -51,3 +54,18 @@ class WorkerConnections:
     def dispose(self) -> None:
         self.jobs.dispose()
         self.heartbeat.dispose()
+
+
+def warn_without_autovacuum(engine: Engine) -> None:
+    """A queued job that leaves the queue keeps its entry in the pick's index until a vacuum, and every claim
+    walks the entries left (migrations/versions/0018_vacuum_jobs_autovacuum.py): without autovacuum, the
+    claims slow down with each batch, so a PostgreSQL with it off is worth a warning at the start."""
+    if engine.dialect.name != "postgresql":
+        return
+    with engine.connect() as connection:
+        if connection.exec_driver_sql("SHOW autovacuum").scalar() == "off":
+            logger.warning(
+                "PostgreSQL's autovacuum is off: every claim walks the index entries of the jobs claimed, "
+                "cancelled or purged since the last VACUUM of jobs; turn it on, or VACUUM jobs often",
+                extra={"database": connection.engine.url.render_as_string(hide_password=True)},
+            )

@@ -28,7 +28,7 @@ from core.streams import end_announcer, stream_dropper, streams_url
 from core.webhooks import Outbox
 from worker.batches import BatchKeeper
 from worker.claimer import Claimer, RunResult
-from worker.connections import WorkerConnections
+from worker.connections import WorkerConnections, warn_without_autovacuum
 from worker.connectivity import Connectivity
 from worker.drain import Drain
 from worker.embedding_host import embedding
@@ -132,6 +132,7 @@ def serve(
 
     outbox = Outbox(settings, app)  # job ends become webhook deliveries, published by the flusher thread
     connections = WorkerConnections.connect(settings)
+    warn_without_autovacuum(connections.jobs)
     fair_aging = settings.fair_aging_seconds if settings.fair_share else None
     store = JobStore(
         connections.job_sessions,
