@@ -87,8 +87,13 @@ def _broker_conf(settings: Settings) -> dict[str, Any]:
             "worker_enable_remote_control": False,
         }
     options = {
-        # Longer than the longest job: Redis hands an unacknowledged message to another worker after it.
-        "visibility_timeout": settings.visibility_timeout,
+        # A message leaves Redis as a worker receives it. The database says which jobs wait, and repairs a
+        # message that a killed worker held: its queued job is republished, its running one requeued
+        # (worker/reconciler.py), a webhook delivery republished by the sender's sweeper. kombu's own
+        # keeping of unacknowledged messages in Redis cost every message a transaction as it was received
+        # and another as it was acknowledged (~0.5 ms of its delivery: bench/RESULTS.md, 2026-11-29), to
+        # hand it back an hour later.
+        "ack_emulation": False,
         "queue_order_strategy": "priority",
         "priority_steps": list(range(CELERY_PRIORITIES)),
         "sep": ":",

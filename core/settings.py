@@ -95,7 +95,6 @@ class Settings(EngineSettings):
     worker_status_file: Path | None = (
         None  # default: <data_dir>/worker-status.json (``pagedq worker --check``)
     )
-    visibility_timeout: int = 3600  # Redis redelivers an unacknowledged message after this many seconds
 
     # Retention (core/retention.py): ended jobs, batches and files are deleted this long after creation.
     retention_days: float = 30.0  # a job or file, or a batch after its output is written; 0: keep forever

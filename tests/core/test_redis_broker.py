@@ -55,3 +55,18 @@ def test_other_redis_urls_keep_kombu_s_transport() -> None:
     """TLS, Sentinel and socket URLs keep kombu's own transport, which reads them."""
     for url in ("rediss://127.0.0.1:6379/0", "sentinel://127.0.0.1:26379", "redis+socket:///tmp/redis.sock"):
         assert "broker_transport" not in make_celery(Settings(broker_url=url)).conf.changes, url
+
+
+def test_a_received_message_leaves_redis_at_once() -> None:
+    """The database, not the broker, repairs a message that a killed worker held (core/queue.py), so Redis
+    keeps no copy of a received one: kombu's acknowledgement emulation wrote it into its ``unacked`` hash
+    as it was received and removed it at the ack, a transaction each."""
+    app, queue = make_celery(Settings(broker_url=redis_url())), f"pagedq.jobs.test-{uuid.uuid4().hex[:8]}"
+    publish_jobs(app, ["job_0"], queue, 0)
+    broker = redis.Redis.from_url(redis_url())
+    with app.connection_for_read() as connection:
+        message = connection.default_channel.basic_get(queue, no_ack=False)
+        assert message is not None and message.decode()[0] == ["job_0"]
+        assert queue_depth(app, queue) == 0
+        assert not broker.hexists("unacked", message.delivery_tag)
+        message.ack()
