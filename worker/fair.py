@@ -64,7 +64,6 @@ from sqlalchemy.orm.util import AliasedClass
 from sqlalchemy.sql import ColumnElement
 
 from core.models import Job, UTCDateTime, lite_window
-from core.states import JobStatus
 
 # A group of queued jobs: owner (NULL, auth off, is '' here), priority, window (none: -1 s).
 GROUP = (
@@ -74,8 +73,13 @@ GROUP = (
 )
 NO_WINDOW = timedelta(seconds=-1)
 NO_DEADLINE = literal(datetime(9999, 12, 31, tzinfo=UTC), UTCDateTime)  # after every deadline
-# Literal, so that the planner proves ix_jobs_fair_heads' predicate whatever plan it caches.
-QUEUED_ROWS = (literal_column("jobs.status = 'queued'"), not_(Job.cancel_requested))
+# Literals, not bound values: the planner proves ix_jobs_fair_heads' predicate whatever plan it caches, and
+# a claim's prepared statements get a generic plan that reads the few queued or running rows through
+# their indexes. With a bound status that plan guessed a fifth of the table, so PostgreSQL planned the
+# pick anew at every claim: ~1 ms of a 2 ms take (bench/RESULTS.md, 2026-11-29).
+QUEUED = literal_column("jobs.status = 'queued'")
+RUNNING = literal_column("jobs.status = 'running'")
+QUEUED_ROWS = (QUEUED, not_(Job.cancel_requested))
 
 
 @dataclass(frozen=True)
@@ -148,7 +152,7 @@ def fairest(
     queued = [*_queued(model, ()), Job.id.not_in(SKIP)]
     candidates = (_lite_heads if dialect == "sqlite" else _heads)(model, queued)
     owner = func.coalesce(Job.key_id, "")
-    held_here = or_(Job.status == JobStatus.RUNNING, Job.id.in_(SKIP_HELD))
+    held_here = or_(RUNNING, Job.id.in_(SKIP_HELD))
     held = select(owner.label("owner"), func.count().label("n")).where(Job.model == model, held_here)
     held = held.group_by(owner).subquery("held")
     order = _steps_1_to_4(func.coalesce(held.c.n, 0), aging)

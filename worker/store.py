@@ -45,7 +45,7 @@ from core.models import FRESH_RESULTS, Job, JSONType, TokenTimes, Worker, storab
 from core.states import JobStatus
 from core.timings import joined
 from core.webhooks import Outbox
-from worker.fair import SKIP, Prefixes, Submitted, fairest, skipping
+from worker.fair import QUEUED, RUNNING, SKIP, Prefixes, Submitted, fairest, skipping
 from worker.run_writes import APPEND_TEXT, append_token_times, update_runs
 
 logger = logging.getLogger(__name__)
@@ -192,9 +192,9 @@ def claim_statement(retry: bool, first: bool) -> Update:
     or a run of this worker's); ``first``: only for its first run. Built once per shape: made and keyed
     for SQLAlchemy's cache anew for each claim, it cost more CPU than its round trip."""
     worker_id = bindparam("claim_worker", type_=JOBS.c.worker_id.type)
-    claimable = JOBS.c.status == JobStatus.QUEUED
+    claimable = QUEUED
     if retry:
-        claimable = or_(claimable, and_(JOBS.c.status == JobStatus.RUNNING, JOBS.c.worker_id == worker_id))
+        claimable = or_(claimable, and_(RUNNING, JOBS.c.worker_id == worker_id))
     job_id = bindparam("claim_id", type_=JOBS.c.id.type)
     where = [JOBS.c.id == job_id, claimable, JOBS.c.cancel_requested.is_(False)]
     if first:
@@ -240,7 +240,7 @@ def prefix_holders(model: str) -> CompoundSelect:
     here = or_(Job.worker_id == bindparam("worker_id"), Job.id.in_(SKIP))
     running = select(Job.prefix_key, here.label("here"), cast(null(), JSONType).label("published"))
     # Not every row this worker ran: its ended jobs are its history, which grows (its cache is ``cached``).
-    running = running.where(Job.model == model, or_(Job.status == JobStatus.RUNNING, Job.id.in_(SKIP)))
+    running = running.where(Job.model == model, or_(RUNNING, Job.id.in_(SKIP)))
     # Each key once: a batch's running lines share a few keys, and a row per running job (256 at a
     # time) was most of a claim's time in Python (bench/RESULTS.md, 2026-11-28).
     running = running.where(Job.prefix_key.is_not(None)).distinct()
