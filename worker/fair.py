@@ -64,6 +64,7 @@ from sqlalchemy.orm.util import AliasedClass
 from sqlalchemy.sql import ColumnElement
 
 from core.models import Job, UTCDateTime, lite_window
+from core.states import JobStatus
 
 # A group of queued jobs: owner (NULL, auth off, is '' here), priority, window (none: -1 s).
 GROUP = (
@@ -77,8 +78,8 @@ NO_DEADLINE = literal(datetime(9999, 12, 31, tzinfo=UTC), UTCDateTime)  # after 
 # a claim's prepared statements get a generic plan that reads the few queued or running rows through
 # their indexes. With a bound status that plan guessed a fifth of the table, so PostgreSQL planned the
 # pick anew at every claim: ~1 ms of a 2 ms take (bench/RESULTS.md, 2026-11-29).
-QUEUED = literal_column("jobs.status = 'queued'")
-RUNNING = literal_column("jobs.status = 'running'")
+QUEUED = literal_column(f"jobs.status = '{JobStatus.QUEUED.value}'")
+RUNNING = literal_column(f"jobs.status = '{JobStatus.RUNNING.value}'")
 QUEUED_ROWS = (QUEUED, not_(Job.cancel_requested))
 
 
