@@ -5,7 +5,6 @@ reads a few rows per group, not every queued row."""
 
 import json
 import random
-import uuid
 from collections import Counter
 from collections.abc import Iterator
 from datetime import timedelta
@@ -17,10 +16,11 @@ from sqlalchemy import event, or_, select, text
 from api.batches.bulk_insert import insert_jobs
 from core import keys
 from core.db import autocommitting, make_db_engine, make_sessionmaker
-from core.models import FRESH_RESULTS, Job, utcnow
+from core.models import Job, utcnow
 from core.settings import Settings
 from core.states import JobStatus
 from migrations import upgrade
+from tests.support.bulk_jobs import job_row, shared_values
 from tests.support.roles import MODEL
 from worker.fair import Prefixes, fair_order, fairest, skipping
 from worker.store import JobStore, prefix_holders, prefixes_held
@@ -371,8 +371,7 @@ def test_a_plain_vacuum_takes_the_entries_of_jobs_that_left_the_queue_out_of_the
     kept the level the lines added), though the dead rows sit on under 2% of the table's pages, where
     PostgreSQL would skip the indexes but for the table's ``vacuum_index_cleanup``."""
     now, window = utcnow(), utcnow() + timedelta(hours=24)
-    shared = {"model": MODEL, "prompt_token_ids": [1], "params": {}, "meta": {}, "attempt": 0}
-    shared |= {"priority": 10, "cancel_requested": False, "prompt_tokens": 1} | FRESH_RESULTS
+    shared = shared_values(MODEL, priority=10)
     with store.sessions.begin() as session:
         insert_jobs(session, shared, (row(JobStatus.SUCCEEDED, now, None) for _ in range(60_000)))
         session.add(job(None, 0, now, None, None))
@@ -388,12 +387,7 @@ def test_a_plain_vacuum_takes_the_entries_of_jobs_that_left_the_queue_out_of_the
 
 
 def row(status: JobStatus, queued: object, deadline: object) -> dict[str, object]:
-    return {
-        "id": f"job_{uuid.uuid4().hex}",
-        "status": status.value,
-        "queued_at": queued,
-        "deadline_at": deadline,
-    }
+    return job_row(status=status.value, queued_at=queued, deadline_at=deadline)
 
 
 def fair_heads_pages_read(store: JobStore) -> int:

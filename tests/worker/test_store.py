@@ -1,6 +1,5 @@
 """The worker's conditional writes on the real PostgreSQL: a stale run can never overwrite a newer one."""
 
-import uuid
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
@@ -11,10 +10,11 @@ from sqlalchemy.exc import OperationalError
 
 from api.batches.bulk_insert import insert_jobs
 from core.db import make_db_engine, make_sessionmaker
-from core.models import FRESH_RESULTS, Job, Worker, utcnow
+from core.models import Job, Worker, utcnow
 from core.queue import celery_priority, priorities_at
 from core.settings import Settings
 from core.states import JobStatus
+from tests.support.bulk_jobs import job_row, shared_values
 from worker.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from worker.results import Clock, JobResult
 from worker.store import JobStore, Progress, database_away
@@ -29,17 +29,6 @@ def store(service_settings: Settings) -> Iterator[JobStore]:
 
 # ``JobStore.take``'s marks, as a claimer with nothing else claiming would make them: each accepted.
 MARKS = (lambda _: True, lambda _: None)
-
-
-# Ended jobs as ``insert_jobs`` writes them (each row gives its id).
-ENDED = {
-    "model": "tiny",
-    "prompt_token_ids": [1],
-    "params": {},
-    "meta": {},
-    "status": JobStatus.SUCCEEDED.value,
-}
-ENDED |= {"attempt": 1, "priority": 0, "cancel_requested": False, "prompt_tokens": 1} | FRESH_RESULTS
 
 
 def add_job(store: JobStore) -> str:
@@ -389,8 +378,8 @@ def test_a_claims_statements_are_planned_once_not_at_each_claim(service_settings
     store = JobStore(make_sessionmaker(engine), "tiny", fair_aging=60.0, prefix_aware=True)
     try:
         with store.sessions.begin() as session:
-            ended = ({"id": f"job_{uuid.uuid4().hex}", "queued_at": utcnow()} for _ in range(20_000))
-            insert_jobs(session, ENDED, ended)
+            ended = shared_values("tiny", status=JobStatus.SUCCEEDED.value, attempt=1)
+            insert_jobs(session, ended, (job_row(queued_at=utcnow()) for _ in range(20_000)))
             session.execute(text("ANALYZE jobs"))
         lone = [add_job(store) for _ in range(12)]
         with store.sessions.begin() as session:
