@@ -1,7 +1,8 @@
 """The engine thread: the one thread that builds and steps the engine, fed by typed commands.
 
 It never touches the database, so a slow write never stalls a decode step: it folds each step's outputs
-into the registry (worker/flights.py), which the flusher writes, and hands new text to the streamer.
+into the registry (worker/flights.py), which the flusher writes, and writes the new text of runs someone
+reads to their Redis streams (worker/streamer.py), once per step.
 """
 
 import logging
@@ -138,6 +139,8 @@ class EngineLoop(Generic[E]):
             self._ready.set()
         while not self._stopping.is_set():
             self._take_commands(block=not self.engine.has_unfinished_requests())
+            if self.streamer is not None:
+                self.streamer.flush()  # a resumed run's text so far
             if not self.engine.has_unfinished_requests():
                 continue
             try:
@@ -148,6 +151,8 @@ class EngineLoop(Generic[E]):
                 continue
             for output in outputs:
                 self._record(output)
+            if self.streamer is not None:
+                self.streamer.flush()
             self._update_stats()
             self._yield_to_readers()
 

@@ -1,14 +1,19 @@
-"""Appends a job's new text to its Redis stream and publishes it (``core/streams.py``), from a thread
-of its own so the engine never waits; only for runs a reader follows (``worker/watchers.py``).
+"""Appends a job's new text to its Redis stream and publishes it (``core/streams.py``); only for runs a
+reader follows (``worker/watchers.py``).
 
-The writes go out on a connection of the streamer's own with Redis's replies turned off
-(``CLIENT REPLY OFF``): nothing reads them (a stale run's refused entry was only ever dropped), and
-waiting for them woke this thread a second time per token, to take the GIL from the engine's step. On
-two cores that took a third to a half off its CPU per streamed token (bench/RESULTS.md, 2026-11-27).
+The engine thread writes a step's pieces itself, once per step (``flush``), on a connection of the
+streamer's own with Redis's replies turned off (``CLIENT REPLY OFF``): nothing reads them (a stale run's
+refused entry was only ever dropped). Handing them to a thread instead woke it at every step, and on two
+cores that thread ran between the engine's OpenMP threads during the next step, stalling it
+(bench/RESULTS.md, 2026-11-29, twenty-fourth session). The engine never waits on Redis: a write is
+bounded by ``WRITE_TIMEOUT_S``, and whatever cannot go out at once (no connection yet, Redis restarted
+or stalled) goes to the streamer's thread, which connects and writes it, in order, before the engine
+thread writes again.
 
-A reader's first token has four processes to cross (this thread, Redis, the API, the client), and on a
-CPU the engine's next step takes every core as soon as it starts: ``first_token_yield`` is how long the
-engine thread waits after a step that opened a stream, so that they run first (worker/engine_loop.py)."""
+A reader's first token has four processes to cross (the engine's write, Redis, the API, the client),
+and on a CPU the engine's next step takes every core as soon as it starts: ``first_token_yield`` is how
+long the engine thread waits after a step that opened a stream, so that they run first
+(worker/engine_loop.py)."""
 
 import logging
 import queue
@@ -34,17 +39,33 @@ class Piece:
     resumed: bool = False  # the first piece of a run that goes on from an earlier one: the text so far
 
 
+# The longest a write may take: on a Redis that keeps up it never waits (the socket's buffer has room),
+# so the engine thread waits on one only when Redis stalls, once, this long; its pieces then go to the
+# streamer's thread.
+WRITE_TIMEOUT_S = 0.05
+CONNECT_TIMEOUT_S = 5.0  # the streamer's thread's: a Redis unreachable costs the readers' tokens only
+
+Commands = list[tuple[str | int, ...]]
+
+
 class TokenStreamer:
     def __init__(self, url: str, first_token_yield: float = 0.0) -> None:
         self.first_token_yield = first_token_yield  # seconds; 0: the engine goes on at once
         self._redis = redis.Redis.from_url(url)
-        self._connection: redis.Connection | None = None  # the writes', replies off (``_connected``)
-        self._pieces: queue.SimpleQueue[Piece | None] = queue.SimpleQueue()
+        self._writes_pool = redis.ConnectionPool.from_url(url, socket_connect_timeout=CONNECT_TIMEOUT_S)
         self._seqs: dict[tuple[str, int], int] = {}  # (job, attempt): its last entry; its stream has a TTL
+        self._pending: list[Piece] = []  # put since the last flush
+        self._fed: set[tuple[str, int]] = set()  # the runs ``feed`` streams
+        # What the engine thread could not write, for the streamer's thread to write in order; while that
+        # thread has some (``_behind``), later flushes queue theirs after them.
+        self._behind_queue: queue.SimpleQueue[Commands | None] = queue.SimpleQueue()
+        self._behind = True  # and until the thread has connected
+        self._lock = threading.Lock()  # over ``_behind``; the connection is the thread's while behind
+        self._connection: redis.Connection | None = None  # the writes', replies off (``_connect``)
         self.watchers = Watchers(self._redis)
-        self._fed: set[tuple[str, int]] = set()  # the runs ``feed`` streams (the engine thread's)
         self._thread = threading.Thread(target=self._run, name="pagedq-streamer", daemon=True)
         self._thread.start()
+        self._behind_queue.put([])  # connects at once: the first flush finds the connection open
 
     def feed(
         self, job_id: str, attempt: int, new: str, whole: str, finished: bool, resumed: bool = False
@@ -66,33 +87,36 @@ class TokenStreamer:
         return first
 
     def put(self, job_id: str, attempt: int, text: str, finished: bool, resumed: bool = False) -> None:
+        """A piece for the next ``flush``; ``feed``, ``put`` and ``flush`` are one thread's (the engine's)."""
         if text or finished or resumed:
-            self._pieces.put(Piece(job_id, attempt, text, finished, resumed))
+            self._pending.append(Piece(job_id, attempt, text, finished, resumed))
+
+    def flush(self) -> None:
+        """Writes the pieces put since the last flush, at once when nothing waits ahead of them on the
+        streamer's thread, else after what does (by that thread)."""
+        if not self._pending:
+            return
+        commands, self._pending = self._commands(self._pending), []
+        with self._lock:
+            if not self._behind and self._sent(commands):
+                return
+            self._behind = True
+            self._behind_queue.put(commands)
 
     def close(self) -> None:
-        self._pieces.put(None)
+        self._behind_queue.put(None)
         self._thread.join(timeout=10)
         self._disconnect()
         self.watchers.close()
 
-    def _run(self) -> None:
-        name_this_thread("pagedq-streamer")
-        while True:
-            batch = [self._pieces.get()]
-            while not self._pieces.empty():
-                batch.append(self._pieces.get())
-            if pieces := [p for p in batch if p is not None]:
-                self._write(pieces)
-            if None in batch:
-                return
-
-    def _write(self, batch: list[Piece]) -> None:
-        commands: list[tuple[str | int, ...]] = []
-        for piece in batch:
+    def _commands(self, pieces: list[Piece]) -> Commands:
+        commands: Commands = []
+        for piece in pieces:
             run = (piece.job_id, piece.attempt)
             key, seq = stream_key(piece.job_id), self._seqs.get(run, 0) + 1
             entry = StreamEntry(piece.attempt, seq, storable(piece.text), piece.finished, piece.resumed)
-            # An explicit id: a stale run's entries, older than the stream's newest, are refused.
+            # An explicit id: a stale run's entries, older than the stream's newest, are refused (and so
+            # is an entry written again after a write that failed half-way).
             fields = (item for pair in entry.fields().items() for item in pair)
             commands.append(("XADD", key, entry.entry_id, *fields))
             commands.append(("PUBLISH", channel_key(piece.job_id), entry.message()))
@@ -102,28 +126,54 @@ class TokenStreamer:
                 self._seqs.pop(run, None)
             else:
                 self._seqs[run] = seq
-        for tries_left in (1, 0):  # once more on a new connection: Redis may have restarted
-            try:
-                connection = self._connected()
-                connection.send_packed_command(connection.pack_commands(commands), check_health=False)
-                return
-            except redis.RedisError as error:  # best effort: the database has the output either way
-                self._disconnect()
-                if not tries_left:
-                    extra = {"error": str(error), "pieces": len(batch)}
-                    logger.warning("could not stream tokens", extra=extra)
+        return commands
 
-    def _connected(self) -> redis.Connection:
-        """The writes' connection; a new one if the server closed it (it sends nothing else), which a
-        write would not find out at once: the kernel takes the bytes."""
-        if self._connection is not None and _closed(self._connection):
-            self._disconnect()
-        if self._connection is None:
-            connection = self._redis.connection_pool.make_connection()
+    def _sent(self, commands: Commands) -> bool:
+        """Whether ``commands`` went out on the open connection; a closed or failed one is let go."""
+        connection = self._connection
+        if connection is None:
+            return False
+        try:
+            if not _closed(connection):
+                connection.send_packed_command(connection.pack_commands(commands), check_health=False)
+                return True
+        except redis.RedisError:
+            pass
+        self._disconnect()
+        return False
+
+    def _run(self) -> None:
+        name_this_thread("pagedq-streamer")
+        while (commands := self._behind_queue.get()) is not None:
+            self._write_behind(commands)
+
+    def _write_behind(self, commands: Commands) -> None:
+        """Writes what the engine thread could not, connecting first; then lets it write again."""
+        for _ in range(2):  # once more on a new connection: Redis may have restarted
+            if self._connection is None:
+                self._connection = self._connect()
+            if self._connection is not None and (not commands or self._sent(commands)):
+                break
+        else:
+            if commands:  # best effort: the database has the output either way
+                logger.warning("could not stream tokens", extra={"commands": len(commands)})
+        with self._lock:
+            if self._connection is not None and self._behind_queue.empty():
+                self._behind = False
+
+    def _connect(self) -> redis.Connection | None:
+        """A new connection for the writes (replies off, writes bounded by WRITE_TIMEOUT_S); None when
+        Redis cannot be reached."""
+        connection = self._writes_pool.make_connection()
+        try:
             connection.connect()
             connection.send_command("CLIENT", "REPLY", "OFF", check_health=False)
-            self._connection = connection
-        return self._connection
+            connection.update_current_socket_timeout(WRITE_TIMEOUT_S)
+            return connection
+        except redis.RedisError as error:
+            connection.disconnect()
+            logger.debug("could not connect to stream tokens", extra={"error": str(error)})
+            return None
 
     def _disconnect(self) -> None:
         if self._connection is not None:
@@ -132,6 +182,8 @@ class TokenStreamer:
 
 
 def _closed(connection: redis.Connection) -> bool:
+    """Whether the server closed the writes' connection (it sends nothing else), which a write would not
+    find out at once: the kernel takes the bytes."""
     try:
         return connection.can_read()
     except redis.ConnectionError:

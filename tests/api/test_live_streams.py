@@ -3,10 +3,13 @@
 Against the real Redis: entries come in order and each once, whether read from the stream or as they
 are published; a lost message is read from the stream; a requeued run starts over, and a stale run's
 entries are refused. Only a run someone reads is streamed, from all its text so far. The writer goes on
-after Redis restarts (a server of the test's own).
+after Redis restarts, and waits on a stalled one no longer than its write timeout (a server of the
+test's own).
 """
 
 import asyncio
+import signal
+import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
@@ -23,6 +26,8 @@ from core.streams import WATCH_TTL_S, WATCHED_KEY, StreamEntry, announce_reader,
 from tests.support.private_redis import private_redis
 from tests.support.services import async_wait_for, redis_url, wait_for
 from worker.streamer import TokenStreamer
+
+STALL_S = 4.0  # how long the stalled Redis reads nothing
 
 
 @pytest.fixture
@@ -104,6 +109,7 @@ def test_a_reader_gets_what_was_written_so_far_then_each_new_piece_once(
     async def scenario(streams: LiveStreams) -> list[StreamEntry]:
         for piece in ("Hello", ",", " wor"):
             streamer.put(job_id, 1, piece, finished=False)
+        streamer.flush()
         wait_for(lambda: stream_length(url, job_id) == 3, 5, "the first pieces")
         read: list[StreamEntry] = []
         reader = asyncio.create_task(read_until_end(streams, job_id, read=read))
@@ -111,6 +117,7 @@ def test_a_reader_gets_what_was_written_so_far_then_each_new_piece_once(
         await async_wait_for(lambda: len(read) == 3, 5, "the reader to read the stream")
         for piece, finished in (("ld", False), ("!", False), ("", True)):
             streamer.put(job_id, 1, piece, finished)
+        streamer.flush()
         return await reader
 
     read = with_live_streams(url, scenario)
@@ -126,16 +133,51 @@ def test_the_writer_streams_again_at_once_after_redis_restarts(tmp_path: Path, j
         streamer, reader = TokenStreamer(server.url()), redis.Redis.from_url(server.url())
         try:
             streamer.put(job_id, 1, "before", finished=False)
+            streamer.flush()
             wait_for(lambda: reader.xlen(stream_key(job_id)) == 1, 5, "the piece before the restart")
             server.stop()
             server.start()
             streamer.put(job_id, 1, "after", finished=True)
+            streamer.flush()
             wait_for(lambda: reader.xlen(stream_key(job_id)) == 1, 5, "the piece after the restart")
             assert texts([StreamEntry.from_stream(*e) for e in reader.xrange(stream_key(job_id))]) == [
                 (1, "after", True)
             ]
         finally:
             streamer.close()
+
+
+def test_a_stalled_redis_holds_no_flush_and_gets_what_came_after_once_it_reads(
+    tmp_path: Path, job_id: str
+) -> None:
+    """The engine thread writes its pieces itself. A Redis that stops reading fills the connection's
+    buffers; then one flush waits WRITE_TIMEOUT_S at most and the streamer's thread takes over, and
+    what came after reaches the stream once Redis reads again."""
+    with private_redis(tmp_path) as server:
+        assert server.process is not None
+        streamer, reader = TokenStreamer(server.url()), redis.Redis.from_url(server.url())
+        resume = threading.Timer(STALL_S, server.process.send_signal, [signal.SIGCONT])
+        longest = 0.0
+        try:
+            streamer.put(job_id, 1, "before", finished=False)
+            streamer.flush()
+            wait_for(lambda: reader.xlen(stream_key(job_id)) == 1, 5, "the piece before the stall")
+            server.process.send_signal(signal.SIGSTOP)
+            resume.start()
+            for _ in range(150):  # ~30 MB: more than a loopback connection's buffers hold
+                streamer.put(job_id, 1, "x" * 100_000, finished=False)
+                started = time.monotonic()
+                streamer.flush()
+                longest = max(longest, time.monotonic() - started)
+            streamer.put(job_id, 1, "after", finished=True)
+            streamer.flush()
+            last = lambda: reader.xrevrange(stream_key(job_id), count=1)[0][1]  # noqa: E731
+            wait_for(lambda: last().get(b"text") == b"after", 60, "the last piece after the stall")
+        finally:
+            resume.cancel()
+            server.process.send_signal(signal.SIGCONT)
+            streamer.close()
+    assert longest < STALL_S / 2  # a flush that waited for Redis would wait until it reads again
 
 
 def test_a_message_lost_on_the_channel_is_read_from_the_stream(url: str, job_id: str) -> None:
@@ -168,11 +210,14 @@ def test_a_requeued_run_starts_over_and_a_stale_run_is_refused(
         await subscribed(url, job_id)
         streamer.put(job_id, 1, "first", finished=False)
         streamer.put(job_id, 1, " run", finished=True)  # aborted to be requeued
+        streamer.flush()
         wait_for(lambda: stream_length(url, job_id) == 2, 5, "the first run")
         streamer.put(job_id, 2, "second", finished=False)
+        streamer.flush()
         wait_for(lambda: stream_length(url, job_id) == 3, 5, "the second run")
         streamer.put(job_id, 1, " stale", finished=False)  # the first run, on a worker presumed dead
         streamer.put(job_id, 2, " run", finished=True)
+        streamer.flush()
         return await reader
 
     read = with_live_streams(url, scenario)
@@ -190,6 +235,7 @@ def test_readers_of_one_job_share_a_subscription_and_leave_none_behind(
         during = subscribers(url, job_id)
         for piece in ("a", "b", "c"):
             streamer.put(job_id, 1, piece, finished=piece == "c")
+        streamer.flush()
         first, second = await asyncio.gather(*readers)
         await async_wait_for(lambda: subscribers(url, job_id) == 0, 5, "the readers to leave no subscription")
         return first, second, during
@@ -225,6 +271,7 @@ def test_a_run_nobody_reads_is_not_streamed_and_a_reader_gets_all_its_text_so_fa
     streamer.feed(job_id, 1, "Hello", "Hello", finished=False)
     streamer.feed(job_id, 1, ",", "Hello,", finished=False)
     streamer.put(job_id, 0, "", finished=True)  # a marker: the pieces fed before it have been written
+    streamer.flush()
     wait_for(lambda: stream_length(url, job_id) == 1, 5, "the marker")
     assert texts(read_stream(url, job_id)) == [(0, "", True)]  # nobody read it: nothing of its run
 
@@ -234,6 +281,7 @@ def test_a_run_nobody_reads_is_not_streamed_and_a_reader_gets_all_its_text_so_fa
         await async_wait_for(lambda: streamer.watchers.watched(job_id), 5, "the worker to see the reader")
         streamer.feed(job_id, 1, " wor", "Hello, wor", finished=False)
         streamer.feed(job_id, 1, "ld", "Hello, world", finished=True)
+        streamer.flush()
         return await reader
 
     try:
@@ -252,6 +300,7 @@ def test_a_requeued_run_of_a_read_job_starts_with_its_own_text_so_far(
         streamer.feed(job_id, 1, "first", "first", finished=True)
         streamer.feed(job_id, 2, "sec", "sec", finished=False)
         streamer.feed(job_id, 2, "ond", "second", finished=True)
+        streamer.flush()
         wait_for(lambda: stream_length(url, job_id) == 3, 5, "both runs")
     finally:
         redis.Redis.from_url(url).zrem(WATCHED_KEY, job_id)
@@ -284,9 +333,11 @@ def test_a_resumed_runs_first_entry_says_so_on_the_channel_and_in_the_stream(
         reader = asyncio.create_task(read_until_end(streams, job_id))
         await subscribed(url, job_id)
         streamer.put(job_id, 1, "first", finished=False)  # then its worker dies
+        streamer.flush()
         wait_for(lambda: stream_length(url, job_id) == 1, 5, "the first run")
         streamer.put(job_id, 2, "fir", finished=False, resumed=True)  # the text flushed before the crash
         streamer.put(job_id, 2, "st run", finished=True)
+        streamer.flush()
         return await reader
 
     read = with_live_streams(url, scenario)
