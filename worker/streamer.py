@@ -5,10 +5,10 @@ The engine thread writes a step's pieces itself, once per step (``flush``), on a
 streamer's own with Redis's replies turned off (``CLIENT REPLY OFF``): nothing reads them (a stale run's
 refused entry was only ever dropped). Handing them to a thread instead woke it at every step, and on two
 cores that thread ran between the engine's OpenMP threads during the next step, stalling it
-(bench/RESULTS.md, 2026-11-29, twenty-fourth session). The engine never waits on Redis: a write is
-bounded by ``WRITE_TIMEOUT_S``, and whatever cannot go out at once (no connection yet, Redis restarted
-or stalled) goes to the streamer's thread, which connects and writes it, in order, before the engine
-thread writes again.
+(bench/RESULTS.md, 2026-11-29, twenty-fourth session). The engine never waits on Redis: its write sends
+what the socket takes at once, and whatever does not go out (no connection yet, a Redis restarted, or
+stalled with the socket's buffer full) goes to the streamer's thread, which finishes it on the same
+connection, or connects and writes it again, in order, before the engine thread writes again.
 
 A reader's first token has four processes to cross (the engine's write, Redis, the API, the client),
 and on a CPU the engine's next step takes every core as soon as it starts: ``first_token_yield`` is how
@@ -17,6 +17,8 @@ long the engine thread waits after a step that opened a stream, so that they run
 
 import logging
 import queue
+import socket
+import ssl
 import threading
 from dataclasses import dataclass
 
@@ -39,13 +41,19 @@ class Piece:
     resumed: bool = False  # the first piece of a run that goes on from an earlier one: the text so far
 
 
-# The longest a write may take: on a Redis that keeps up it never waits (the socket's buffer has room),
-# so the engine thread waits on one only when Redis stalls, once, this long; its pieces then go to the
-# streamer's thread.
-WRITE_TIMEOUT_S = 0.05
 CONNECT_TIMEOUT_S = 5.0  # the streamer's thread's: a Redis unreachable costs the readers' tokens only
 
 Commands = list[tuple[str | int, ...]]
+
+
+@dataclass(frozen=True)
+class Unsent:
+    """A flush's commands that the engine thread could not write, or finish: ``rest`` is the end of a
+    write begun on the current connection (the thread sends it there: a new connection might run it
+    before what the old one still holds, and Redis would then refuse those earlier entries)."""
+
+    commands: Commands
+    rest: bytes | None = None
 
 
 class TokenStreamer:
@@ -58,14 +66,14 @@ class TokenStreamer:
         self._fed: set[tuple[str, int]] = set()  # the runs ``feed`` streams
         # What the engine thread could not write, for the streamer's thread to write in order; while that
         # thread has some (``_behind``), later flushes queue theirs after them.
-        self._behind_queue: queue.SimpleQueue[Commands | None] = queue.SimpleQueue()
+        self._behind_queue: queue.SimpleQueue[Unsent | None] = queue.SimpleQueue()
         self._behind = True  # and until the thread has connected
         self._lock = threading.Lock()  # over ``_behind``; the connection is the thread's while behind
         self._connection: redis.Connection | None = None  # the writes', replies off (``_connect``)
         self.watchers = Watchers(self._redis)
         self._thread = threading.Thread(target=self._run, name="pagedq-streamer", daemon=True)
         self._thread.start()
-        self._behind_queue.put([])  # connects at once: the first flush finds the connection open
+        self._behind_queue.put(Unsent([]))  # connects at once: the first flush finds the connection open
 
     def feed(
         self, job_id: str, attempt: int, new: str, whole: str, finished: bool, resumed: bool = False
@@ -98,10 +106,10 @@ class TokenStreamer:
             return
         commands, self._pending = self._commands(self._pending), []
         with self._lock:
-            if not self._behind and self._sent(commands):
-                return
-            self._behind = True
-            self._behind_queue.put(commands)
+            unsent = Unsent(commands) if self._behind else self._send_at_once(commands)
+            if unsent is not None:
+                self._behind = True
+                self._behind_queue.put(unsent)
 
     def close(self) -> None:
         self._behind_queue.put(None)
@@ -128,47 +136,68 @@ class TokenStreamer:
                 self._seqs[run] = seq
         return commands
 
-    def _sent(self, commands: Commands) -> bool:
-        """Whether ``commands`` went out on the open connection; a closed or failed one is let go."""
+    def _send_at_once(self, commands: Commands) -> Unsent | None:
+        """Sends what the socket takes without waiting; None when it took it all, else what is left."""
         connection = self._connection
-        if connection is None:
-            return False
+        if connection is None or _closed(connection):
+            self._disconnect()
+            return Unsent(commands)
+        data = b"".join(connection.pack_commands(commands))
         try:
-            if not _closed(connection):
-                connection.send_packed_command(connection.pack_commands(commands), check_health=False)
-                return True
-        except redis.RedisError:
-            pass
-        self._disconnect()
-        return False
+            sent = _socket(connection).send(data)
+        except (BlockingIOError, ssl.SSLWantWriteError):  # no room at all (TLS: the thread sends it again)
+            sent = 0
+        except OSError:  # the server is gone, and with it what it had not read
+            self._disconnect()
+            return Unsent(commands)
+        return None if sent == len(data) else Unsent(commands, data[sent:])
 
     def _run(self) -> None:
         name_this_thread("pagedq-streamer")
-        while (commands := self._behind_queue.get()) is not None:
-            self._write_behind(commands)
+        while (unsent := self._behind_queue.get()) is not None:
+            self._write_behind(unsent)
 
-    def _write_behind(self, commands: Commands) -> None:
-        """Writes what the engine thread could not, connecting first; then lets it write again."""
+    def _write_behind(self, unsent: Unsent) -> None:
+        """Writes what the engine thread could not, waiting as long as Redis takes; then lets it write
+        again, without waiting."""
+        if unsent.rest is None or self._connection is None or not self._sent(unsent.rest):
+            self._write_again(unsent.commands)
+        with self._lock:
+            if self._connection is not None and self._behind_queue.empty():
+                _socket(self._connection).setblocking(False)
+                self._behind = False
+
+    def _write_again(self, commands: Commands) -> None:
+        """``commands`` on the open connection, else a new one: a write that failed half-way is sent
+        whole again (the entries it wrote are refused the second time: their ids are explicit)."""
         for _ in range(2):  # once more on a new connection: Redis may have restarted
             if self._connection is None:
                 self._connection = self._connect()
-            if self._connection is not None and (not commands or self._sent(commands)):
-                break
-        else:
-            if commands:  # best effort: the database has the output either way
-                logger.warning("could not stream tokens", extra={"commands": len(commands)})
-        with self._lock:
-            if self._connection is not None and self._behind_queue.empty():
-                self._behind = False
+            if self._connection is None:
+                continue
+            if not commands or self._sent(b"".join(self._connection.pack_commands(commands))):
+                return
+        if commands:  # best effort: the database has the output either way
+            logger.warning("could not stream tokens", extra={"commands": len(commands)})
+
+    def _sent(self, data: bytes) -> bool:
+        """Whether ``data`` went out on the open connection, waiting for room; a failed one is let go."""
+        assert self._connection is not None
+        sock = _socket(self._connection)
+        try:
+            sock.setblocking(True)
+            sock.sendall(data)
+            return True
+        except OSError:
+            self._disconnect()
+            return False
 
     def _connect(self) -> redis.Connection | None:
-        """A new connection for the writes (replies off, writes bounded by WRITE_TIMEOUT_S); None when
-        Redis cannot be reached."""
+        """A new connection for the writes, replies off; None when Redis cannot be reached."""
         connection = self._writes_pool.make_connection()
         try:
             connection.connect()
             connection.send_command("CLIENT", "REPLY", "OFF", check_health=False)
-            connection.update_current_socket_timeout(WRITE_TIMEOUT_S)
             return connection
         except redis.RedisError as error:
             connection.disconnect()
@@ -179,6 +208,14 @@ class TokenStreamer:
         if self._connection is not None:
             self._connection.disconnect()
             self._connection = None
+
+
+def _socket(connection: redis.Connection) -> socket.socket:
+    """The connection's socket (redis-py keeps it in ``_sock``): its writes here send what the socket
+    takes at once and leave the rest to the thread, which ``send_packed_command`` cannot (it waits)."""
+    sock = connection._sock
+    assert sock is not None, "the connection is open"
+    return sock
 
 
 def _closed(connection: redis.Connection) -> bool:
