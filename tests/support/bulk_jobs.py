@@ -3,10 +3,10 @@
 import uuid
 from typing import Any
 
-from core.models import FRESH_RESULTS
+from api.batches.queries import FRESH
 
-REQUIRED = {"prompt_token_ids": [1], "params": {}, "meta": {}, "attempt": 0, "priority": 0}
-REQUIRED |= {"cancel_requested": False, "prompt_tokens": 1} | FRESH_RESULTS
+# The batch writer's fresh values, and the columns a batch's request gives it.
+REQUIRED = FRESH | {"prompt_token_ids": [1], "params": {}, "meta": {}, "priority": 0, "prompt_tokens": 1}
 
 
 def shared_values(model: str, **values: Any) -> dict[str, Any]:
