@@ -142,7 +142,7 @@ class TokenStreamer:
         if connection is None or _closed(connection):
             self._disconnect()
             return Unsent(commands)
-        data = b"".join(connection.pack_commands(commands))
+        data = _packed(connection, commands)
         try:
             sent = _socket(connection).send(data)
         except (BlockingIOError, ssl.SSLWantWriteError):  # no room at all (TLS: the thread sends it again)
@@ -175,7 +175,7 @@ class TokenStreamer:
                 self._connection = self._connect()
             if self._connection is None:
                 continue
-            if not commands or self._sent(b"".join(self._connection.pack_commands(commands))):
+            if not commands or self._sent(_packed(self._connection, commands)):
                 return
         if commands:  # best effort: the database has the output either way
             logger.warning("could not stream tokens", extra={"commands": len(commands)})
@@ -216,6 +216,10 @@ def _socket(connection: redis.Connection) -> socket.socket:
     sock = connection._sock
     assert sock is not None, "the connection is open"
     return sock
+
+
+def _packed(connection: redis.Connection, commands: Commands) -> bytes:
+    return b"".join(connection.pack_commands(commands))
 
 
 def _closed(connection: redis.Connection) -> bool:
