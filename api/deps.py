@@ -42,7 +42,9 @@ class Service:
     announce_ended: Callable[[list[str]], None] | None = None
 
 
-def get_service(request: Request) -> Service:
+# A coroutine, as every dependency here: FastAPI runs a plain function in its threadpool, a thread hop there
+# and back on every request (tests/api/test_route_dependencies.py).
+async def get_service(request: Request) -> Service:
     return request.app.state.service
 
 

@@ -65,7 +65,7 @@ def _touch(session: Session, key_id: str) -> None:
     session.commit()
 
 
-def require_admin(caller: "CallerDep") -> Caller:
+async def require_admin(caller: "CallerDep") -> Caller:
     if not caller.admin:
         raise Forbidden("this route is for admin keys; this key's role is user")
     return caller
