@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 from tokenizers import Tokenizer
 from transformers import AutoConfig, AutoTokenizer
 
-from api.prompts.piece_encoding import PieceEncoder
+from api.prompts.piece_encoding import PieceEncoder, encode_ids
 from contract import context
 from contract.engine import EngineConfig
 from contract.prefix import prefix_key
@@ -177,10 +177,7 @@ class PromptEncoder:
                 return [self.tokenizer.encode(text, add_special_tokens=add_special_tokens) for text in texts]
             if not add_special_tokens:
                 return self._chats.encode(texts)
-            encodings = self.tokenizer.backend_tokenizer.encode_batch_fast(
-                texts, add_special_tokens=add_special_tokens
-            )
-        return [encoding.ids for encoding in encodings]
+            return encode_ids(self.tokenizer.backend_tokenizer, texts, add_special_tokens=True)
 
     def _too_long(self, spec: JobSpec, text: str | PromptError) -> ContextExceeded | None:
         """Refused without tokenizing: more characters than the context could hold in any tokens."""

@@ -16,6 +16,19 @@ from tokenizers import Tokenizer
 
 logger = logging.getLogger(__name__)
 CHECKED_TEXTS = 16  # texts encoded both ways before the pieces are trusted
+# Texts of at most this many characters in all are encoded holding the GIL: a short prompt is tokenized on
+# the API's event loop (api/prompts/encoder.py's INLINE_CHARS, and a chat template's scaffolding), and a
+# batch encode lets the GIL go; taking it back from a thread that runs Python then waits out the switch
+# interval, 5 ms, the loop stalled that long for ~20 µs of tokenizing (bench/RESULTS.md, 2026-11-29,
+# twenty-fifth session). More goes without it, so that other threads run meanwhile.
+HELD_GIL_CHARS = 4096
+
+
+def encode_ids(tokenizer: Tokenizer, texts: list[str], add_special_tokens: bool) -> list[list[int]]:
+    """Each text's ids from the Rust tokenizer, a little work holding the GIL (``HELD_GIL_CHARS``)."""
+    if sum(map(len, texts)) <= HELD_GIL_CHARS:
+        return [tokenizer.encode(text, add_special_tokens=add_special_tokens).ids for text in texts]
+    return [e.ids for e in tokenizer.encode_batch_fast(texts, add_special_tokens=add_special_tokens)]
 
 
 class PieceEncoder:
@@ -52,4 +65,4 @@ class PieceEncoder:
         return [list(itertools.chain.from_iterable(ids[p] for p in pieces)) for pieces in split]
 
     def _whole(self, texts: list[str]) -> list[list[int]]:
-        return [e.ids for e in self.tokenizer.encode_batch_fast(texts, add_special_tokens=False)]
+        return encode_ids(self.tokenizer, texts, add_special_tokens=False)

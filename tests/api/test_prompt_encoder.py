@@ -3,7 +3,9 @@
 that is test_hostile_input's, through the API)."""
 
 import asyncio
+import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -50,3 +52,34 @@ def test_a_short_prompt_is_tokenized_on_the_loop_a_long_one_or_a_long_chat_in_th
     assert first == loop_thread and len(others) == 2
     assert all(thread.startswith("tokenize") for thread in others)
     assert short == prompts.tokenizer.encode(SHORT.prompt) and len(long) > INLINE_CHARS // 4 and many
+
+
+def test_a_short_prompt_or_chat_is_tokenized_holding_the_gil(
+    encoder: tuple[PromptEncoder, list[str]],
+) -> None:
+    """On the event loop, tokenizing must not let the GIL go: taking it back from a thread that runs
+    Python waits out the switch interval (made 1 s here; 5 ms by default), and the loop with it."""
+    prompts, _ = encoder
+    chat = JobSpec(messages=[{"role": "user", "content": "Tell me about the fox."}], max_tokens=4)
+    expected = prompts.encode(SHORT), prompts.encode(chat)
+    spinning, stop = threading.Event(), threading.Event()
+
+    def spin() -> None:
+        spinning.set()
+        while not stop.is_set():
+            pass
+
+    interval, thread = sys.getswitchinterval(), threading.Thread(target=spin)
+    sys.setswitchinterval(1.0)
+    try:
+        thread.start()
+        spinning.wait()
+        started = time.perf_counter()
+        tokenized = prompts.encode(SHORT), prompts.encode(chat)
+        took = time.perf_counter() - started
+    finally:
+        stop.set()
+        thread.join()
+        sys.setswitchinterval(interval)
+    assert tokenized == expected and expected[1]
+    assert took < 0.5, f"tokenizing let the GIL go: {took:.2f} s"
