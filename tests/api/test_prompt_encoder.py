@@ -58,10 +58,12 @@ def test_a_short_prompt_or_chat_is_tokenized_holding_the_gil(
     encoder: tuple[PromptEncoder, list[str]],
 ) -> None:
     """On the event loop, tokenizing must not let the GIL go: taking it back from a thread that runs
-    Python waits out the switch interval (made 1 s here; 5 ms by default), and the loop with it."""
+    Python waits out the switch interval (made 1 s here; 5 ms by default), and the loop with it. The
+    longest prompt the loop tokenizes (``INLINE_CHARS``) too."""
     prompts, _ = encoder
     chat = JobSpec(messages=[{"role": "user", "content": "Tell me about the fox."}], max_tokens=4)
-    expected = prompts.encode(SHORT), prompts.encode(chat)
+    longest = JobSpec(prompt="fox " * (INLINE_CHARS // 4), max_tokens=4)
+    expected = prompts.encode(SHORT), prompts.encode(chat), prompts.encode(longest)
     spinning, stop = threading.Event(), threading.Event()
 
     def spin() -> None:
@@ -75,11 +77,11 @@ def test_a_short_prompt_or_chat_is_tokenized_holding_the_gil(
         thread.start()
         spinning.wait()
         started = time.perf_counter()
-        tokenized = prompts.encode(SHORT), prompts.encode(chat)
+        tokenized = prompts.encode(SHORT), prompts.encode(chat), prompts.encode(longest)
         took = time.perf_counter() - started
     finally:
         stop.set()
         thread.join()
         sys.setswitchinterval(interval)
-    assert tokenized == expected and expected[1]
+    assert tokenized == expected and expected[1] and len(expected[2]) >= INLINE_CHARS // 4
     assert took < 0.5, f"tokenizing let the GIL go: {took:.2f} s"
